@@ -1,0 +1,208 @@
+"""Run configuration: typed dataclasses with documented defaults. YAML files in `configs/` only set values.
+
+A YAML file mirrors the sections below::
+
+    model: smollm2-135m
+    env: {id: math, kwargs: {level: 1}}
+    rollout: {group_size: 8, prompts_per_step: 4, max_new_tokens: 96}
+    loss: {name: minirl}
+
+Unknown keys are errors that name the key and list the valid ones: a typo must never silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "EnvConfig", "RolloutConfig", "LossConfig", "OptimConfig", "GuardConfig", "RunConfig", "ConfigError",
+    "load_config", "apply_overrides", "config_to_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the dataclasses (unknown key, wrong type)."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment and how to build it."""
+
+    id: str = "math"
+    """Registry id (`agentrl envs list`)."""
+    kwargs: dict[str, Any] = field(default_factory=lambda: {"level": 1})
+    """Constructor keyword arguments for the env."""
+    seed_offset: int = 0
+    """Task seeds of step s are `seed_offset + s * prompts_per_step + i`: every step sees new tasks."""
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are sampled."""
+
+    prompts_per_step: int = 4
+    """Distinct tasks (env seeds) per training step."""
+    group_size: int = 8
+    """Episodes per task; advantages compare episodes within a group."""
+    max_turns: int = 1
+    """Model calls per episode (the env may end it sooner)."""
+    max_new_tokens: int = 128
+    """Per turn."""
+    max_context_tokens: int = 4096
+    """An episode whose prompt would grow past this is truncated."""
+    temperature: float = 1.0
+    """Train at temperature 1: the importance weights assume we learn from what the policy really samples."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    enable_thinking: bool | None = None
+    """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
+    engine_batch_size: int = 32
+    """Prompts per engine forward pass."""
+    runners: int = 0
+    """Concurrent env runners; 0 runs envs in the driver process."""
+
+
+@dataclass
+class LossConfig:
+    """The policy objective (see `agentrl.objective`)."""
+
+    name: str = "minirl"
+    """A registered policy loss: minirl, grpo, dapo, gspo, cispo, dr_grpo, reinforce."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Loss options (is_cap, eps_low, eps_high, correction, agg, ...); defaults are the loss's own."""
+    advantage: str = "group_mean"
+    """Advantage estimator: group_mean (MiniRL), grpo, loo, ..."""
+    n_minibatches: int = 1
+    """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward pass (memory knob only: the gradient does not depend on it)."""
+    per_turn_samples: bool = False
+    """One training sample per turn instead of merging turns while the token prefix holds."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW."""
+
+    lr: float = 1e-5
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 = off)."""
+
+
+@dataclass
+class GuardConfig:
+    """Collapse guard: stop (or roll back) when the run degenerates."""
+
+    enabled: bool = True
+    """Watch entropy and the train-inference KL each step."""
+    entropy_min: float = 0.25
+    """Entropy below this counts as a bad step."""
+    k3_max: float = 0.01
+    """KL(mu||pi_old) k3 estimate above this counts as a bad step."""
+    patience: int = 3
+    """Consecutive bad steps before acting."""
+    action: str = "stop"
+    """``stop`` or ``rollback`` (to the last good checkpoint)."""
+
+
+@dataclass
+class RunConfig:
+    """Everything `agentrl run` needs; `agentrl run --help` shows the common flags."""
+
+    model: str = "smollm2-135m"
+    """A built-in (smollm2-135m, tiny-qwen3, tiny-qwen3-moe), a local Hugging Face folder, or a hub id."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    steps: int = 20
+    """Training steps (one rollout batch each)."""
+    seed: int = 0
+    """Seeds torch and the sampler."""
+    output: str = "runs/latest"
+    """Run folder: metrics.jsonl, trajectories.jsonl, curves.png, checkpoint/."""
+    save_every: int = 5
+    """Checkpoint every N steps (and at the end)."""
+    save_trajectories: bool = True
+    """Append every step's trajectories to output/trajectories.jsonl."""
+    dtype: str = "float32"
+    """Training precision (float32 on CPU)."""
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return _build(tp, value, where)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin is tuple and isinstance(value, (list, tuple)):
+        return tuple(value)
+    simple = {int: int, float: float, str: str, bool: bool}
+    if tp in simple and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!r}; valid keys here: {', '.join(sorted(names))}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain data (for saving next to a run)."""
+    return dataclasses.asdict(cfg)
+
+
+def load_config(path: str | Path | None = None) -> RunConfig:
+    """Defaults, updated by the YAML file at `path` (if any)."""
+    if path is None:
+        return RunConfig()
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({e})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of config sections")
+    try:
+        return _build(RunConfig, values)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """Set dotted keys (``"rollout.group_size": 4``), as CLI flags do; None values are skipped."""
+    data = config_to_dict(cfg)
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return _build(RunConfig, data)

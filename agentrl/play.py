@@ -1,0 +1,55 @@
+"""Play one episode in the terminal: a person types actions, or the env's expert plays and the transcript prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentrl.core import TextEnv
+
+__all__ = ["PlayResult", "play_episode"]
+
+
+@dataclass(frozen=True)
+class PlayResult:
+    """How a played episode ended."""
+
+    total_reward: float
+    success: bool
+    steps: int
+    ended: bool
+
+
+def play_episode(env: TextEnv, seed: int = 0, expert: bool = False, max_steps: int = 200,
+                 input_fn=input, print_fn=print) -> PlayResult:
+    """Play one episode; with `expert`, the env's `expert_action()` chooses every action.
+
+    The last line printed reports the reward and success, e.g. ``reward=1.0 success=True steps=3``.
+    """
+    obs, info = env.reset(seed=seed)
+    print_fn(f"=== {type(env).__name__} seed={seed} ===")
+    if env.system_prompt and not expert:
+        print_fn(f"[how to play] {env.system_prompt}")
+    print_fn(obs)
+    total, steps, success, ended = 0.0, 0, False, False
+    while steps < max_steps:
+        if "admissible_actions" in info and not expert:
+            print_fn(f"[admissible] {', '.join(info['admissible_actions'][:30])}")
+        if expert:
+            action = env.expert_action()
+            print_fn(f"> {action}")
+        else:
+            try:
+                action = input_fn("> ")
+            except EOFError:
+                break
+        obs, reward, terminated, truncated, info = env.step(action)
+        steps += 1
+        total += reward
+        print_fn(obs)
+        print_fn(f"[reward {reward:g}]")
+        if terminated or truncated:
+            success, ended = bool(info.get("success", False)), True
+            break
+    env.close()
+    print_fn(f"reward={total:g} success={success} steps={steps}")
+    return PlayResult(total, success, steps, ended)

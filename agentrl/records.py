@@ -1,0 +1,169 @@
+"""Typed, frozen records that flow between stages: rollout -> `Trajectory` (of `Turn`s) -> `Sample` -> trainer.
+
+Token ids are kept exactly as the engine produced them (token-in/token-out): nothing downstream re-tokenizes text.
+Trajectories round-trip through JSONL (`save_trajectories` / `load_trajectories`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Turn", "Trajectory", "Sample", "save_trajectories", "load_trajectories"]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model call and the env step it drove.
+
+    Attributes:
+        prompt_ids: the full context the engine was given for this turn.
+        generated_ids: what the engine sampled, verbatim (end-of-turn token included when emitted).
+        rollout_logprobs: log mu of each generated token, under the distribution it was sampled from.
+        action: the text sent to `env.step` (decoded, thinking and end tokens stripped).
+        observation: what the env answered.
+        reward: the env's reward for this step.
+        finish_reason: the engine's (``"stop"`` / ``"length"``).
+        new_segment: True when this turn's prompt does not extend the previous turn's full sequence (the chat
+            template rewrote history, e.g. dropped earlier ``<think>`` spans): training samples split here.
+        generate_seconds: wall time of the engine call this turn was part of, divided by its batch size.
+        env_seconds: wall time of `env.step`.
+        routed_experts: MoE experts the engine chose, ``[len(prompt_ids) + len(generated_ids) - 1, L, K]``, or None.
+    """
+
+    prompt_ids: tuple[int, ...]
+    generated_ids: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    action: str
+    observation: str
+    reward: float
+    finish_reason: str = "stop"
+    new_segment: bool = False
+    generate_seconds: float = 0.0
+    env_seconds: float = 0.0
+    routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if len(self.generated_ids) != len(self.rollout_logprobs):
+            raise ValueError(
+                f"a turn needs one logprob per generated token: {len(self.generated_ids)} ids, "
+                f"{len(self.rollout_logprobs)} logprobs"
+            )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode.
+
+    Attributes:
+        env_id: registry id of the env.
+        seed: the `reset` seed: the same seed replays the same task.
+        group_id: episodes sharing a task (same env and seed) share a group; advantages are computed within it.
+        turns: the model calls, in order.
+        first_observation: the observation `reset` returned.
+        total_return: sum of the turns' rewards.
+        success: `info["success"]` at the end (False when the episode never ended).
+        terminated: the task ended (solved or failed for good).
+        truncated: a budget ran out (the env's, or the rollout's `max_turns`).
+        policy_version: the trainer step whose weights sampled this episode.
+        task_type: the env's `info["task_type"]`, for evaluation breakdowns ("" when absent).
+    """
+
+    env_id: str
+    seed: int
+    group_id: int
+    turns: tuple[Turn, ...]
+    first_observation: str
+    total_return: float
+    success: bool
+    terminated: bool
+    truncated: bool
+    policy_version: int = 0
+    task_type: str = ""
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the model generated over the whole episode."""
+        return sum(len(t.generated_ids) for t in self.turns)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence (one prefix-consistent run of turns of one trajectory).
+
+    All per-token arrays have the length of `input_ids`. Position t of `loss_mask` / `rollout_logprobs` refers to
+    token `input_ids[t]` (predicted from the tokens before it); prompt, template and observation tokens have mask 0
+    and logprob 0.
+
+    Attributes:
+        input_ids: the whole sequence.
+        loss_mask: 1 exactly on model-generated tokens.
+        rollout_logprobs: log mu of each generated token (0 elsewhere).
+        advantage: the trajectory's advantage (shared by all samples split from it).
+        group_id: the trajectory's group.
+        policy_version: the trainer step whose weights generated it (staleness = current step - this).
+        routed_experts: MoE routing at rollout ``[len(input_ids) - 1, L, K]`` for R3, or None.
+    """
+
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    advantage: float
+    group_id: int
+    policy_version: int = 0
+    routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not (len(self.input_ids) == len(self.loss_mask) == len(self.rollout_logprobs)):
+            raise ValueError("input_ids, loss_mask and rollout_logprobs must have the same length")
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Tokens that carry loss."""
+        return sum(self.loss_mask)
+
+
+def _turn_to_json(turn: Turn) -> dict[str, Any]:
+    d = asdict(turn)
+    routes = d.pop("routed_experts")
+    if routes is not None:
+        d["routed_experts"] = {"shape": list(routes.shape), "dtype": str(routes.dtype), "data": routes.ravel().tolist()}
+    return d
+
+
+def _turn_from_json(d: dict[str, Any]) -> Turn:
+    routes = d.pop("routed_experts", None)
+    if routes is not None:
+        routes = np.asarray(routes["data"], dtype=routes["dtype"]).reshape(routes["shape"])
+    for key in ("prompt_ids", "generated_ids", "rollout_logprobs"):
+        d[key] = tuple(d[key])
+    return Turn(**d, routed_experts=routes)
+
+
+def save_trajectories(trajectories: Iterable[Trajectory], path: str | Path, append: bool = True) -> None:
+    """Write one JSON object per trajectory (JSONL)."""
+    with open(path, "a" if append else "w") as f:
+        for traj in trajectories:
+            d = asdict(traj) | {"turns": [_turn_to_json(t) for t in traj.turns]}
+            f.write(json.dumps(d) + "\n")
+
+
+def load_trajectories(path: str | Path) -> list[Trajectory]:
+    """Read trajectories saved by `save_trajectories`; a malformed line raises naming file and line."""
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                d["turns"] = tuple(_turn_from_json(t) for t in d["turns"])
+                out.append(Trajectory(**d))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: not a saved trajectory ({e})") from None
+    return out

@@ -1,0 +1,51 @@
+"""Trajectory -> training samples, one per maximal prefix-consistent run of turns.
+
+While each turn's prompt extends the previous turn's full sequence (prompt + generated ids), the turns merge into one
+sequence: the model saw exactly this sequence, token for token, so one forward pass trains all those turns. Where the
+prefix breaks (the template rewrote history), a new sample starts, with the context the model actually saw then.
+
+Sequence-level quantities on split samples: every sample of a trajectory carries the trajectory's advantage (the
+reward is the episode's, so each of its turns is credited with it). Loss aggregation counts samples as sequences, so
+a trajectory split into k samples weighs like k sequences under "seq-mean-*" modes; sequence-level importance ratios
+(GSPO, sequence TIS / MIS) are computed per sample, i.e. over the tokens the model generated in that context.
+"""
+
+from __future__ import annotations
+
+from agentrl.records import Sample, Trajectory
+
+__all__ = ["trajectory_to_samples"]
+
+
+def trajectory_to_samples(traj: Trajectory, advantage: float, *, per_turn: bool = False) -> list[Sample]:
+    """Build training samples from one trajectory.
+
+    Args:
+        traj: the episode.
+        advantage: its advantage, given to each sample.
+        per_turn: one sample per turn instead of merging turns whose prefix holds.
+    """
+    samples: list[Sample] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    logps: list[float] = []
+    routes = None
+
+    def flush():
+        if ids:
+            samples.append(Sample(tuple(ids), tuple(mask), tuple(logps), advantage, traj.group_id,
+                                  traj.policy_version, routed_experts=routes))
+
+    for turn in traj.turns:
+        prompt = list(turn.prompt_ids)
+        extends = bool(ids) and not per_turn and len(prompt) >= len(ids) and prompt[: len(ids)] == ids
+        if not extends:
+            flush()
+            ids, mask, logps = [], [], []
+        new_context = prompt[len(ids) :]
+        ids += new_context + list(turn.generated_ids)
+        mask += [0] * len(new_context) + [1] * len(turn.generated_ids)
+        logps += [0.0] * len(new_context) + list(turn.rollout_logprobs)
+        routes = turn.routed_experts
+    flush()
+    return samples

@@ -1,0 +1,303 @@
+"""The training loop, top to bottom: rollout -> advantages -> samples -> pi_old -> minibatch updates -> metrics.
+
+One step:
+  1. rollout: `prompts_per_step` tasks x `group_size` episodes with the current weights (policy version = step).
+  2. advantages: the group-mean baseline by default (MiniRL: A = R - mean_group(R), no std division).
+  3. samples: each trajectory becomes one sample per prefix-consistent run of turns (`agentrl.samples`).
+  4. pi_old: the training model recomputes the log-probs of the sampled tokens (no grad), and the entropy.
+     The rollout's own log-probs (mu) stay as they were: the loss's importance weight pi_old / mu corrects for
+     any train-inference mismatch.
+  5. updates: the batch splits into `n_minibatches` mini-batches of whole groups; each is one AdamW step,
+     accumulated over micro-batches with global denominators, so micro-batch size never changes the gradient.
+  6. metrics (one JSON line per step), the collapse guard, a checkpoint every `save_every` steps.
+
+Departures from the MiniRL paper, and why: float32 on CPU rather than BF16 training / FP8 rollout; small groups and
+batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must take about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+import agentrl
+from agentrl.config import RunConfig, config_to_dict
+from agentrl.engine import HFEngine, SamplingParams
+from agentrl.models import LoadedModel, load_model
+from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
+from agentrl.records import Sample, save_trajectories
+from agentrl.rollout import collect_trajectories
+from agentrl.samples import trajectory_to_samples
+
+__all__ = ["train", "TrainingError", "sequence_logprobs"]
+
+CHECKPOINT = "checkpoint"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (non-finite loss, collapse guard tripped); the message says why and where."""
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Right-padded tensors of a few samples. Token axis T = longest sequence - 1 (position t predicts token t+1)."""
+
+    input_ids: torch.Tensor  # [n, T+1]
+    attention_mask: torch.Tensor  # [n, T+1]
+    loss_mask: torch.Tensor  # [n, T]
+    rollout_logp: torch.Tensor  # [n, T]
+    advantages: torch.Tensor  # [n]
+
+
+def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
+    """Pad samples on the right into one micro-batch."""
+    width = max(len(s.input_ids) for s in samples)
+    n = len(samples)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.float32)
+    rlp = torch.zeros((n, width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        L = len(s.input_ids)
+        ids[i, :L] = torch.tensor(s.input_ids)
+        attn[i, :L] = 1
+        mask[i, :L] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        rlp[i, :L] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return MicroBatch(ids, attn, mask[:, 1:], rlp[:, 1:], adv)
+
+
+def sequence_logprobs(model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False):
+    """log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked)."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()  # [n, T, V]
+    targets = mb.input_ids[:, 1:]  # [n, T]
+    logp = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T]
+    entropy = token_entropy(logits.detach()) if with_entropy else None
+    return logp, entropy
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _weighted_mean(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Token-weighted mean of per-micro-batch metrics; keys ending in _max take the max."""
+    total = sum(w for w, _ in rows) or 1.0
+    out: dict[str, float] = {}
+    for key in rows[0][1] if rows else []:
+        values = [m[key] for _, m in rows]
+        out[key] = max(values) if key.endswith("_max") else sum(w * m[key] for w, m in rows) / total
+    return out
+
+
+def save_checkpoint(out: Path, policy: LoadedModel, optimizer: torch.optim.Optimizer, step: int) -> Path:
+    """Write weights, tokenizer, optimizer state and the step to `out/checkpoint` (atomically: tmp dir + rename)."""
+    final = out / CHECKPOINT
+    tmp = out / (CHECKPOINT + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(tmp)
+    policy.tokenizer.save_pretrained(tmp)
+    (tmp / "generation_config.json").write_text(json.dumps(policy.generation_config, indent=1))
+    (tmp / "agentrl_model.json").write_text(json.dumps({"family": policy.family, "base_model": policy.name}))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
+    if final.exists():
+        old = out / (CHECKPOINT + ".old")
+        final.rename(old)
+        tmp.rename(final)
+        _rmtree(old)
+    else:
+        tmp.rename(final)
+    return final
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def plot_curves(metrics_path: Path, png_path: Path) -> None:
+    """Plot the run's main curves from metrics.jsonl into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not rows:
+        return
+    keys = ["reward_mean", "success_rate", "entropy", "kl_k3", "response_tokens_mean", "clip_frac"]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    steps = [r["step"] for r in rows]
+    for ax, key in zip(axes.ravel(), keys):
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", ms=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"agentrl run: {metrics_path.parent.name}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Path:
+    """Run RL training as configured; returns the run folder.
+
+    Args:
+        cfg: the run config. Its `output` folder receives metrics.jsonl, trajectories.jsonl, curves.png,
+            config.yaml and checkpoint/.
+        resume: continue from `cfg.output/checkpoint` (weights, optimizer, step) up to `cfg.steps`.
+        progress: show a progress bar.
+    """
+    from tqdm import tqdm
+
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    dtype = getattr(torch, cfg.dtype)
+
+    # The env: fail fast on an unknown id or bad kwargs, before loading a model.
+    spec = agentrl.spec(cfg.env.id)
+    agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
+
+    start_step = 0
+    if resume:
+        ckpt = out / CHECKPOINT
+        if not (ckpt / "trainer_state.json").exists():
+            raise TrainingError(f"nothing to resume in {out}: no {CHECKPOINT}/trainer_state.json")
+        start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"] + 1
+        policy = load_model(str(ckpt), dtype=dtype)
+        policy.name = cfg.model
+    else:
+        policy = load_model(cfg.model, dtype=dtype)
+        for stale in ("metrics.jsonl", "trajectories.jsonl"):
+            (out / stale).unlink(missing_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    model, tokenizer = policy.model, policy.tokenizer
+    model.train()
+    engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                  weight_decay=cfg.optim.weight_decay)
+    if resume:
+        optimizer.load_state_dict(torch.load(out / CHECKPOINT / "optimizer.pt"))
+    guard = CollapseGuard(cfg.guard.entropy_min, cfg.guard.k3_max, cfg.guard.patience, cfg.guard.action)
+    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+    chat_kwargs = {} if cfg.rollout.enable_thinking is None else {"enable_thinking": cfg.rollout.enable_thinking}
+    (out / "sampling.json").write_text(json.dumps(sampling.__dict__ | {"chat_kwargs": chat_kwargs}, default=list))
+    pad_id = engine.pad_id
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    metrics_file = out / "metrics.jsonl"
+    R, L = cfg.rollout, cfg.loss
+
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not progress,
+               desc=f"{spec.id} x {cfg.model}", unit="step")
+    for step in bar:
+        t_start = time.perf_counter()
+        engine.sync_weights(model, policy_version=step)
+
+        # 1. Rollout.
+        seeds = [cfg.env.seed_offset + step * R.prompts_per_step + i for i in range(R.prompts_per_step)]
+        trajectories = collect_trajectories(
+            lambda: agentrl.make(cfg.env.id, **cfg.env.kwargs), cfg.env.id, seeds, R.group_size, engine, tokenizer,
+            sampling if sampling.seed is None else SamplingParams(**{**sampling.__dict__, "seed": cfg.seed + step}),
+            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, policy_version=step,
+            chat_kwargs=chat_kwargs,
+        )
+        t_rollout = time.perf_counter() - t_start
+        if cfg.save_trajectories:
+            save_trajectories(trajectories, out / "trajectories.jsonl")
+
+        # 2. Advantages, within each group of episodes of the same task.
+        rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
+        group_ids = torch.tensor([t.group_id for t in trajectories])  # [N_traj]
+        advantages = compute_advantages(L.advantage, rewards, group_ids)  # [N_traj]
+
+        # 3. Samples.
+        samples: list[Sample] = []
+        for traj, adv in zip(trajectories, advantages.tolist()):
+            samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
+        sample_groups = torch.tensor([s.group_id for s in samples])
+
+        # 4. pi_old: the training model's log-probs of the sampled tokens, and the entropy, before any update.
+        old_logp: list[torch.Tensor] = []
+        entropy_sum, entropy_tokens = 0.0, 0.0
+        with torch.no_grad():
+            for chunk in _chunks(samples, L.micro_batch_size):
+                mb = collate(chunk, pad_id)
+                logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                old_logp += [row for row in logp]
+                entropy_sum += float((ent * mb.loss_mask).sum())
+                entropy_tokens += float(mb.loss_mask.sum())
+
+        # 5. Updates: one AdamW step per mini-batch of whole groups.
+        loss_rows: list[tuple[float, dict[str, float]]] = []
+        grad_norms = []
+        for mb_index in minibatch_indices(sample_groups, L.n_minibatches, generator=shuffle):
+            members = mb_index.tolist()
+            num_tokens = sum(samples[i].num_loss_tokens for i in members)
+            optimizer.zero_grad(set_to_none=True)
+            for chunk_idx in _chunks(members, L.micro_batch_size):
+                mb = collate([samples[i] for i in chunk_idx], pad_id)
+                width = mb.loss_mask.shape[1]
+                mb_old = torch.stack([torch.nn.functional.pad(old_logp[i], (0, width - len(old_logp[i])))
+                                      for i in chunk_idx])  # [n, T]
+                logp, _ = sequence_logprobs(model, mb)
+                loss, m = policy_loss(L.name, logp, mb_old, mb.rollout_logp, mb.advantages, mb.loss_mask,
+                                      num_sequences=len(members), num_tokens=num_tokens, **L.options)
+                if not torch.isfinite(loss):
+                    bad = out / f"bad_batch_step{step}.pt"
+                    torch.save({"samples": [samples[i] for i in chunk_idx], "logp": logp.detach(),
+                                "old_logp": mb_old, "metrics": m}, bad)
+                    raise TrainingError(f"non-finite loss ({loss.item()}) at step {step}; the batch is saved in {bad}")
+                loss.backward()
+                loss_rows.append((float(mb.loss_mask.sum()), m))
+            if cfg.optim.grad_clip > 0:
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)))
+            optimizer.step()
+
+        # 6. Metrics, guard, checkpoint.
+        turns = [t for traj in trajectories for t in traj.turns]
+        metrics = {
+            "step": step,
+            "reward_mean": float(rewards.mean()),
+            "success_rate": sum(t.success for t in trajectories) / len(trajectories),
+            "response_tokens_mean": sum(len(t.generated_ids) for t in turns) / max(len(turns), 1),
+            "turns_mean": len(turns) / len(trajectories),
+            "entropy": entropy_sum / max(entropy_tokens, 1.0),
+            **{k: v for k, v in _weighted_mean(loss_rows).items()},
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "samples": len(samples),
+            "prefix_breaks": sum(t.new_segment for t in turns),
+            "truncated_frac": sum(t.truncated for t in trajectories) / len(trajectories),
+            "rollout_seconds": t_rollout,
+            "step_seconds": time.perf_counter() - t_start,
+        }
+        with open(metrics_file, "a") as f:
+            f.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                for k, v in metrics.items()}) + "\n")
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}",
+                        kl_k3=f"{metrics.get('kl_k3', 0):.1e}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(out, policy, optimizer, step)
+        if cfg.guard.enabled:
+            verdict = guard.update(metrics, step=step)
+            if not verdict.ok:
+                if cfg.guard.action == "rollback" and (out / CHECKPOINT).exists():
+                    restored = load_model(str(out / CHECKPOINT), dtype=dtype).model
+                    model.load_state_dict(restored.state_dict())
+                    guard.reset()
+                    bar.write(f"collapse guard: {verdict.reason}; rolled back to {out / CHECKPOINT}")
+                    continue
+                plot_curves(metrics_file, out / "curves.png")
+                raise TrainingError(f"collapse guard stopped the run at step {step}: {verdict.reason}")
+    bar.close()
+    plot_curves(metrics_file, out / "curves.png")
+    return out
