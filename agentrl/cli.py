@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -74,21 +73,21 @@ def play(
 
 @app.command()
 def run(
-    env: Optional[str] = typer.Option(None, "--env", help="Env id [default: math]."),
-    model: Optional[str] = typer.Option(None, "--model", help="Built-in model, local HF folder or hub id."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps."),
-    group_size: Optional[int] = typer.Option(None, "--group-size", help="Episodes per task (G)."),
-    prompts_per_step: Optional[int] = typer.Option(None, "--prompts-per-step", help="Tasks per step (B)."),
-    runners: Optional[int] = typer.Option(None, "--runners", help="Concurrent env runners (0 = in-process)."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Per turn."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Model calls per episode."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Learning rate."),
-    loss: Optional[str] = typer.Option(None, "--loss", help="Policy loss name (minirl, grpo, dapo, ...)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed."),
+    env: str | None = typer.Option(None, "--env", help="Env id [default: math]."),
+    model: str | None = typer.Option(None, "--model", help="Built-in model, local HF folder or hub id."),
+    steps: int | None = typer.Option(None, "--steps", help="Training steps."),
+    group_size: int | None = typer.Option(None, "--group-size", help="Episodes per task (G)."),
+    prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Tasks per step (B)."),
+    runners: int | None = typer.Option(None, "--runners", help="Concurrent env runners (0 = in-process)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Per turn."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Model calls per episode."),
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
+    loss: str | None = typer.Option(None, "--loss", help="Policy loss name (minirl, grpo, dapo, ...)."),
+    seed: int | None = typer.Option(None, "--seed", help="Run seed."),
     env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Run folder [default: runs/latest]."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML config (see configs/)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
+    output: Path | None = typer.Option(None, "--output", help="Run folder [default: runs/latest]."),
+    config: Path | None = typer.Option(None, "--config", help="YAML config (see configs/)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
 ) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
     from agentrl.config import ConfigError, RunConfig, _build, apply_overrides, load_config

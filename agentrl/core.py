@@ -85,10 +85,8 @@ class TextEnv(gym.Env[str, str]):
     system_prompt: ClassVar[str] = "You are an agent acting in a text environment. Reply with one action."
     shared: ClassVar[type[SharedResource] | None] = None
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start a new episode and return the first observation and an info dict."""
-        super().reset(seed=seed)
-        raise NotImplementedError
+    # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call
+    # `super().reset(seed=seed)` first (it seeds `self.np_random`), then build the episode from `self.np_random`.
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Apply one text action and return `(obs, reward, terminated, truncated, info)`."""

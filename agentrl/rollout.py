@@ -58,7 +58,8 @@ def collect_trajectories(
     Args:
         make_env: creates one env instance.
         env_id: recorded in each trajectory.
-        seeds: one task per seed; `group_size` episodes of each.
+        seeds: one task per seed.
+        group_size: episodes per seed (a group).
         engine: samples the model's replies.
         tokenizer: renders contexts with its chat template.
         sampling: sampling settings; `sampling.seed` (if set) is varied per turn so that runs are reproducible.

@@ -74,7 +74,7 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
 
 
 def sequence_logprobs(model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False):
-    """log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked)."""
+    """Log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked)."""
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()  # [n, T, V]
     targets = mb.input_ids[:, 1:]  # [n, T]
     logp = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T]

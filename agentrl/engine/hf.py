@@ -60,7 +60,8 @@ class HFEngine:
                  capture_routes: bool = False):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.model = model if dtype is None or dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(dtype)
+        same_dtype = dtype is None or dtype == next(model.parameters()).dtype
+        self.model = model if same_dtype else copy.deepcopy(model).to(dtype)
         self.capture_routes = capture_routes
         self.policy_version = 0
         eos = {tokenizer.eos_token_id}
@@ -135,7 +136,8 @@ class HFEngine:
                         finish[row] = "stop"
             if all(f is not None for f in finish):
                 break
-            feed = torch.tensor([tok[-1] if f is None else self.pad_id for tok, f in zip(tokens, finish)], device=device)
+            feed = [tok[-1] if f is None else self.pad_id for tok, f in zip(tokens, finish)]
+            feed = torch.tensor(feed, device=device)
             attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
             last_pos = last_pos + 1
             out = self.model(input_ids=feed[:, None], attention_mask=attention, position_ids=last_pos,

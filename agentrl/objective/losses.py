@@ -1,0 +1,376 @@
+"""Policy losses: one small function per objective, chosen by name from `LOSSES`.
+
+Notation (docs/objective.md): N responses, T = padded response length.
+    logp          log pi_theta(y_t)  [N, T], has grad (the policy being updated)
+    old_logp      log pi_old(y_t)    [N, T], training engine at rollout parameters, no grad
+    rollout_logp  log mu_old(y_t)    [N, T], inference engine at rollout time, no grad
+    r_t   = pi_theta / pi_old        staleness ratio, controlled by clipping
+    rho_t = pi_old / mu_old          training-inference ratio, controlled by the correction (corrections.py)
+
+Every loss is `fn(logp, old_logp, adv, weights, mask, opts) -> (loss_mat [N, T], clipped_low, clipped_high)`;
+`policy_loss` adds the correction weights, the aggregation and the metrics around it, so any correction can be
+combined with any loss (`correction=` option) and every loss reports the same metric names.
+
+Departures from the sources, on purpose:
+- MiniRL truncates the decoupled rho = pi_old / mu rather than the paper's literal pi_theta / mu (see
+  corrections.py); identical until a weight reaches the cap.
+- No dual-clip (verl hard-codes clip_ratio_c=3 for negative advantages); MiniRL's proven equivalence to decoupled
+  PPO holds only without it.
+- GRPO / CISPO in the paper's appendix have no training-inference term; here their default is `correction="none"`,
+  and any correction can be switched on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.objective.aggregation import AGG_MODES, aggregate
+from agentrl.objective.corrections import CORRECTIONS, correction_weights
+from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, masked_mean
+
+__all__ = [
+    "LOSSES",
+    "LossOptions",
+    "MiniRLOptions",
+    "PPOClipOptions",
+    "DAPOOptions",
+    "DrGRPOOptions",
+    "GSPOOptions",
+    "CISPOOptions",
+    "ReinforceOptions",
+    "LossSpec",
+    "loss_options",
+    "policy_loss",
+]
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """Options every loss shares: aggregation and training-inference correction.
+
+    Attributes:
+        agg: aggregation mode, one of `aggregation.AGG_MODES`.
+        correction: "tis", "icepop", "mis" or "none" (see corrections.py).
+        is_cap: TIS cap C (weights above it become exactly C).
+        is_level: TIS level, "token" or "sequence".
+        icepop_low: IcePop band lower bound (tokens with rho below it are dropped).
+        icepop_high: IcePop band upper bound.
+        mis_level: MIS level, "token", "sequence" or "geometric".
+        mis_low: MIS band lower bound.
+        mis_high: MIS band upper bound (for "geometric" a much tighter band, e.g. 0.999..1.001, is usual).
+        loss_scale_factor: constant divisor for "seq-mean-token-sum-norm" (default: the padded length T). Pass
+            the same value to every micro-batch.
+    """
+
+    agg: str = "seq-mean-token-sum"
+    correction: str = "none"
+    is_cap: float = 5.0
+    is_level: str = "token"
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    mis_level: str = "token"
+    mis_low: float = 0.5
+    mis_high: float = 2.0
+    loss_scale_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"unknown agg {self.agg!r}; choose one of {', '.join(AGG_MODES)}")
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"unknown correction {self.correction!r}; choose one of {', '.join(CORRECTIONS)}")
+
+
+@dataclass(frozen=True)
+class MiniRLOptions(LossOptions):
+    """MiniRL [Zheng et al. 2025, Eq. 7]: TIS at C=5, decoupled one-sided clip 0.2 / 0.27, token sum per response.
+
+    Attributes:
+        eps_low: mask tokens with A<0 and r < 1 - eps_low.
+        eps_high: mask tokens with A>0 and r > 1 + eps_high.
+    """
+
+    agg: str = "seq-mean-token-sum"
+    correction: str = "tis"
+    eps_low: float = 0.2
+    eps_high: float = 0.27
+
+
+@dataclass(frozen=True)
+class PPOClipOptions(LossOptions):
+    """GRPO's PPO-clip surrogate, length-normalised per response [P, App. A].
+
+    Attributes:
+        eps_low: lower clip 1 - eps_low on r.
+        eps_high: upper clip 1 + eps_high on r.
+    """
+
+    agg: str = "seq-mean-token-mean"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+
+
+@dataclass(frozen=True)
+class DAPOOptions(PPOClipOptions):
+    """DAPO: PPO-clip with clip-higher (0.28) and token-mean aggregation."""
+
+    agg: str = "token-mean"
+    eps_high: float = 0.28
+
+
+@dataclass(frozen=True)
+class DrGRPOOptions(PPOClipOptions):
+    """Dr.GRPO: PPO-clip with a constant divisor (no 1/|y|, no 1/N); pair it with `group_mean` advantages."""
+
+    agg: str = "seq-mean-token-sum-norm"
+
+
+@dataclass(frozen=True)
+class GSPOOptions(LossOptions):
+    """GSPO: one length-normalised ratio per sequence, clipped very tightly (verl's Qwen3-30B recipe values).
+
+    Attributes:
+        eps_low: lower clip on the sequence ratio.
+        eps_high: upper clip on the sequence ratio.
+    """
+
+    agg: str = "seq-mean-token-mean"
+    eps_low: float = 3e-4
+    eps_high: float = 4e-4
+
+
+@dataclass(frozen=True)
+class CISPOOptions(LossOptions):
+    """CISPO (MiniMax-M1): clip the detached IS weight, never drop a token's gradient.
+
+    Attributes:
+        eps_low: lower bound 1 - eps_low on the weight (1.0: no lower bound, as in MiniMax-M1).
+        eps_high: upper bound 1 + eps_high on the weight.
+    """
+
+    agg: str = "token-mean"
+    eps_low: float = 1.0
+    eps_high: float = 0.28
+
+
+@dataclass(frozen=True)
+class ReinforceOptions(LossOptions):
+    """Plain REINFORCE, `-w * A * logp`, token sum per response; `w` is the correction weight (1 by default)."""
+
+    agg: str = "seq-mean-token-sum"
+
+
+# -- the losses -----------------------------------------------------------------------------------------------------
+# Each is fn(logp, old_logp, adv, w, mask, opts) -> (loss_mat [N, T], clipped_low [N, T] bool, clipped_high [N, T]
+# bool). `w` is the detached correction weight [N, T]; `adv` is already [N, T]; `mask` is the bool response mask.
+
+
+def minirl_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: MiniRLOptions):
+    """MiniRL: l = -M_t * sg[w_t * r_t] * A * logp_t, with the one-sided mask M decided on r = pi_theta / pi_old.
+
+    The gradient is -M w r A grad(logp) = -M w A grad(r): decoupled PPO with the min(.) replaced by a hard mask.
+    The inequalities are strict, so a ratio exactly on the boundary is kept.
+    """
+    ratio = (logp - old_logp).exp()  # [N, T] r_t
+    clipped_high = (adv > 0) & (ratio > 1 + opts.eps_high)  # [N, T] would push pi further up: masked
+    clipped_low = (adv < 0) & (ratio < 1 - opts.eps_low)  # [N, T] would push pi further down: masked
+    keep = (~(clipped_high | clipped_low)).to(logp.dtype)  # [N, T] M_t
+    loss_mat = -keep * (w * ratio).detach() * adv * logp  # [N, T]
+    return loss_mat, clipped_low, clipped_high
+
+
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: PPOClipOptions):
+    """PPO-clip: l = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (GRPO, DAPO, Dr.GRPO)."""
+    ratio = (logp - old_logp).exp()  # [N, T]
+    unclipped = -adv * ratio  # [N, T]
+    clipped = -adv * ratio.clamp(1 - opts.eps_low, 1 + opts.eps_high)  # [N, T]
+    loss_mat = w * torch.maximum(unclipped, clipped)  # [N, T]
+    # The clipped branch wins (and the gradient vanishes) exactly where the one-sided MiniRL mask would fire.
+    clipped_high = (adv > 0) & (ratio > 1 + opts.eps_high)  # [N, T]
+    clipped_low = (adv < 0) & (ratio < 1 - opts.eps_low)  # [N, T]
+    return loss_mat, clipped_low, clipped_high
+
+
+def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: GSPOOptions):
+    """GSPO: s_i = exp(mean_t(logp - old_logp)); token form s_it = sg[s_i] * pi / sg[pi]; PPO-clip on s_it."""
+    m = mask.to(logp.dtype)  # [N, T]
+    log_ratio = (logp - old_logp) * m  # [N, T]
+    seq_log_ratio = log_ratio.sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
+    # verl clamps the log of the token-level sequence ratio at 10 so exp() stays finite.
+    log_s = (seq_log_ratio.detach() + logp - logp.detach()).clamp(max=10.0)  # [N, T], value log s_i everywhere
+    s = log_s.exp()  # [N, T]
+    unclipped = -adv * s  # [N, T]
+    clipped = -adv * s.clamp(1 - opts.eps_low, 1 + opts.eps_high)  # [N, T]
+    loss_mat = w * torch.maximum(unclipped, clipped)  # [N, T]
+    clipped_high = (adv > 0) & (s > 1 + opts.eps_high)  # [N, T], whole sequences
+    clipped_low = (adv < 0) & (s < 1 - opts.eps_low)  # [N, T]
+    return loss_mat, clipped_low, clipped_high
+
+
+def cispo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: CISPOOptions):
+    """CISPO: l = -sg[w * clip(r, 1 - eps_low, 1 + eps_high)] * A * logp; every token keeps a gradient."""
+    ratio = (logp - old_logp).exp()  # [N, T]
+    clipped_ratio = ratio.clamp(1 - opts.eps_low, 1 + opts.eps_high)  # [N, T]
+    loss_mat = -(w * clipped_ratio).detach() * adv * logp  # [N, T]
+    return loss_mat, ratio < 1 - opts.eps_low, ratio > 1 + opts.eps_high
+
+
+def reinforce_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: ReinforceOptions):
+    """REINFORCE: l = -sg[w] * A * logp, no clipping (on-policy only)."""
+    loss_mat = -w.detach() * adv * logp  # [N, T]
+    never = torch.zeros_like(logp, dtype=torch.bool)  # [N, T]
+    return loss_mat, never, never
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered policy loss.
+
+    Attributes:
+        fn: the per-token loss function.
+        options: the typed options class; its defaults are the loss's defaults.
+        description: one line for `--help` and docs.
+    """
+
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    options: type[LossOptions]
+    description: str
+
+
+LOSSES: dict[str, LossSpec] = {
+    "minirl": LossSpec(minirl_loss, MiniRLOptions, "MiniRL: TIS(5) + decoupled one-sided clip, token sum per response"),
+    "grpo": LossSpec(ppo_clip_loss, PPOClipOptions, "GRPO: PPO-clip 0.2, length-normalised per response"),
+    "dapo": LossSpec(ppo_clip_loss, DAPOOptions, "DAPO: PPO-clip with clip-higher 0.28, token-mean"),
+    "gspo": LossSpec(gspo_loss, GSPOOptions, "GSPO: sequence-level ratio, clip 3e-4 / 4e-4"),
+    "cispo": LossSpec(cispo_loss, CISPOOptions, "CISPO: clipped detached IS weight, token-mean"),
+    "dr_grpo": LossSpec(ppo_clip_loss, DrGRPOOptions, "Dr.GRPO: PPO-clip, constant divisor (no length norm)"),
+    "reinforce": LossSpec(reinforce_loss, ReinforceOptions, "REINFORCE: -A log pi, token sum per response"),
+}
+
+
+def loss_options(name: str, **options: Any) -> LossOptions:
+    """Build the typed options of loss `name`, rejecting options it does not have.
+
+    Args:
+        name: a key of `LOSSES`.
+        **options: overrides of the defaults (e.g. from a YAML `loss_options:` block).
+
+    Returns:
+        The frozen options dataclass.
+
+    Raises:
+        ValueError: on an unknown loss name, an unknown option name or an invalid value.
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; choose one of {', '.join(LOSSES)}")
+    cls = LOSSES[name].options
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for policy loss {name!r}; "
+            f"valid options: {', '.join(sorted(valid))}"
+        )
+    return cls(**options)
+
+
+def policy_loss(
+    name: str,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    rollout_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    num_sequences: int | float | None = None,
+    num_tokens: int | float | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Compute policy loss `name` with its training-inference correction, aggregation and diagnostics.
+
+    Args:
+        name: a key of `LOSSES` ("minirl", "grpo", "dapo", "gspo", "cispo", "dr_grpo", "reinforce").
+        logp: log pi_theta of the sampled tokens, `[N, T]`, with grad.
+        old_logp: log pi_old from the training engine, `[N, T]`; None means on-policy (`logp.detach()`).
+        rollout_logp: log mu from the inference engine, `[N, T]`; None means no mismatch (`old_logp`).
+        advantages: `[N]` (one per response) or `[N, T]`.
+        mask: response/loss mask, `[N, T]` (bool or 0/1).
+        num_sequences: sequences in the whole mini-batch, for micro-batching (default: N).
+        num_tokens: masked tokens in the whole mini-batch, for micro-batching (default: `mask.sum()`).
+        **options: fields of the loss's options dataclass (see `LOSSES[name].options`).
+
+    Returns:
+        `(loss, metrics)`: a scalar tensor and a dict of floats. Metrics are means over this call's masked tokens:
+        `loss`, `is_weight_mean`, `is_weight_max`, `is_ess`, `correction_masked_frac`, `correction_truncated_frac`,
+        `clip_frac`, `clip_frac_low`, `clip_frac_high`, `kl_k1`, `kl_k2`, `kl_k3` (KL(mu || pi_old)), `ppo_kl`,
+        `ratio_mean`, `ratio_max`.
+
+    Raises:
+        ValueError: on an unknown name or option, or tensors of the wrong shape.
+    """
+    opts = loss_options(name, **options)
+    old_logp = logp.detach() if old_logp is None else old_logp.detach()  # [N, T]
+    rollout_logp = old_logp if rollout_logp is None else rollout_logp.detach()  # [N, T]
+    adv = _broadcast_advantages(advantages, logp).detach()  # [N, T]
+    for label, t in (("old_logp", old_logp), ("rollout_logp", rollout_logp), ("mask", mask)):
+        if t.shape != logp.shape:
+            raise ValueError(f"{label} has shape {tuple(t.shape)}, expected {tuple(logp.shape)} like logp")
+    m = mask.bool()  # [N, T]
+
+    corr = correction_weights(
+        opts.correction, old_logp, rollout_logp, m,
+        is_cap=opts.is_cap, is_level=opts.is_level,
+        icepop_low=opts.icepop_low, icepop_high=opts.icepop_high,
+        mis_level=opts.mis_level, mis_low=opts.mis_low, mis_high=opts.mis_high,
+    )  # fmt: skip
+    w = corr.weights.to(logp.dtype)  # [N, T]
+    loss_mat, clipped_low, clipped_high = LOSSES[name].fn(logp, old_logp, adv, w, m, opts)
+    loss = aggregate(
+        loss_mat, m, opts.agg,
+        num_sequences=num_sequences, num_tokens=num_tokens, loss_scale_factor=opts.loss_scale_factor,
+    )  # fmt: skip
+
+    metrics = _metrics(logp.detach(), old_logp, rollout_logp, m, w, corr.masked, corr.truncated,
+                       clipped_low, clipped_high)  # fmt: skip
+    metrics["loss"] = float(loss.detach().item())
+    return loss, metrics
+
+
+def _broadcast_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    if advantages.dim() == 1 and advantages.shape[0] == logp.shape[0]:
+        return advantages.to(logp.dtype).unsqueeze(1).expand_as(logp)  # [N] -> [N, T]
+    if advantages.shape == logp.shape:
+        return advantages.to(logp.dtype)  # [N, T]
+    raise ValueError(f"advantages must be [N] or [N, T] with N, T = {tuple(logp.shape)}; got {tuple(advantages.shape)}")
+
+
+def _metrics(
+    logp: Tensor,
+    old_logp: Tensor,
+    rollout_logp: Tensor,
+    m: Tensor,
+    w: Tensor,
+    corr_masked: Tensor,
+    corr_truncated: Tensor,
+    clipped_low: Tensor,
+    clipped_high: Tensor,
+) -> dict[str, float]:
+    """Diagnostics over the masked tokens; every value a float."""
+    ratio = (logp - old_logp).exp()  # [N, T]
+    return {
+        **importance_weight_stats(w, m),
+        "correction_masked_frac": masked_mean(corr_masked, m),
+        "correction_truncated_frac": masked_mean(corr_truncated, m),
+        "clip_frac": masked_mean(clipped_low | clipped_high, m),
+        "clip_frac_low": masked_mean(clipped_low, m),
+        "clip_frac_high": masked_mean(clipped_high, m),
+        **kl_estimates(old_logp, rollout_logp, m),  # KL(mu || pi_old)
+        "ppo_kl": masked_mean(old_logp - logp, m),
+        "ratio_mean": masked_mean(ratio, m),
+        "ratio_max": float(ratio[m].max().item()) if m.any() else 0.0,
+    }

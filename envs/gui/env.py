@@ -1,0 +1,235 @@
+"""`GuiEnv`: a mocked Android phone as a `TextEnv` (AndroidWorld-style observations and actions).
+
+Departures from AndroidWorld, and why:
+    * The phone is a set of small state machines (`apps.py`), not an emulator: thousands of episodes per minute
+      on a laptop, and success is checked on typed app state instead of by querying an emulator's databases.
+    * Screens are 360x800 (a phone at 1x); AndroidWorld's are 1080x2400 device pixels. Coordinates in `click`
+      are pixels of `info["image"]`.
+    * `open_app` is an instant launch (like AndroidWorld's adb intent); every other gesture goes through the
+      renderer: the fast one hit-tests in Python, the browser one lets Chromium decide what was hit.
+    * Like AndroidWorld, success is judged on the final state when the episode ends, whether the agent declared
+      `complete` or the step budget ran out; declaring `infeasible` is always a failure (every task is feasible).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from agentrl.core import TextEnv
+
+from .actions import Action, ActionError, parse_action
+from .phone import Phone
+from .render_browser import BrowserHost, BrowserRenderer  # Playwright itself loads only when a browser starts
+from .render_fast import FastRenderer
+from .renderer import Renderer
+from .state import APPS, generate_world
+from .tasks import TASK_TYPES, Task, sample_task
+from .ui import HEIGHT, WIDTH, Screen
+
+__all__ = ["GuiEnv"]
+
+_RENDERERS = ("fast", "browser")
+_SWIPE_TO_SCROLL = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+SYSTEM_PROMPT = f"""You operate an Android phone to complete a task. Each turn you see the task and the screen as a \
+numbered list of UI elements (class, text, flags, pixel bbox on a {WIDTH}x{HEIGHT} screen). Reply with exactly one \
+action, either as AndroidWorld JSON or as a function call:
+- {{"action_type": "click", "index": 3}} or tap(3); by position: {{"action_type": "click", "x": 180, "y": 400}}
+- {{"action_type": "long_press", "index": 3}} or long_press(3)
+- {{"action_type": "input_text", "text": "hello", "index": 5, "clear_text": true}} or type("hello", 5); \
+type("hello") types into the focused field
+- {{"action_type": "scroll", "direction": "down"}} or scroll("down") (shows what is further down)
+- {{"action_type": "navigate_back"}} or back(); {{"action_type": "navigate_home"}} or home()
+- {{"action_type": "keyboard_enter"}} or enter(); {{"action_type": "wait"}} or wait()
+- {{"action_type": "open_app", "app_name": "Contacts"}} or open_app("Contacts"); apps: {", ".join(APPS)}
+- {{"action_type": "answer", "text": "..."}} or answer("...") for a question (this ends the episode)
+- {{"action_type": "status", "goal_status": "complete"}} or finish() when the task is done; \
+{{"action_type": "status", "goal_status": "infeasible"}} if it cannot be done."""
+
+
+def _make_renderer(renderer: str | Renderer, shared: Any) -> Renderer:
+    if isinstance(renderer, Renderer):
+        return renderer
+    if renderer == "fast":
+        return FastRenderer()
+    if renderer == "browser":
+        host = shared if isinstance(shared, BrowserHost) else BrowserHost.default()
+        return BrowserRenderer(host)
+    raise ValueError(f"renderer must be one of {', '.join(_RENDERERS)}, got {renderer!r}")
+
+
+class GuiEnv(TextEnv):
+    """A mocked mobile phone (Settings, Contacts, Messages, Clock, Shop) driven by AndroidWorld-style actions.
+
+    Args:
+        renderer: ``"fast"`` (Pillow, in-process; the default) or ``"browser"`` (HTML in headless Chromium through
+            Playwright; needs /usr/bin/chromium).
+        max_steps: step budget; the episode is truncated when it runs out.
+        task_types: restrict tasks to these types (see `tasks.TASK_TYPES`); all by default.
+        screenshots: put a screenshot in `info["image"]` on every step (turn off to save time when nobody looks).
+        shared: a `BrowserHost` to open pages in (runner pools build one per process through `GuiEnv.shared`);
+            by default browser envs share a module-level one.
+    """
+
+    system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    shared: ClassVar[type[BrowserHost]] = BrowserHost  # free to build: Chromium starts on the first browser page
+
+    def __init__(
+        self,
+        renderer: str | Renderer = "fast",
+        max_steps: int = 25,
+        task_types: tuple[str, ...] | list[str] | None = None,
+        screenshots: bool = True,
+        shared: Any = None,
+    ):
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+        self.task_types = tuple(task_types) if task_types else TASK_TYPES
+        unknown = [t for t in self.task_types if t not in TASK_TYPES]
+        if unknown:
+            raise ValueError(f"unknown task types {unknown}; choose from {', '.join(TASK_TYPES)}")
+        self.max_steps = max_steps
+        self.screenshots = screenshots
+        self.renderer = _make_renderer(renderer, shared)
+        self.phone: Phone | None = None
+        self.task: Task | None = None
+        self._steps = 0
+        self._done = False
+
+    # ------------------------------------------------------------------ gym API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Draw a new phone and task from `self.np_random`; the phone starts on the home screen."""
+        super(TextEnv, self).reset(seed=seed)
+        state = generate_world(self.np_random)
+        self.task = sample_task(self.np_random, state, self.task_types)
+        if self.phone is None:
+            self.phone = Phone(state)
+        else:
+            self.phone.reset(state)
+        self.renderer.attach(self.phone)
+        self._steps = 0
+        self._done = False
+        return self._observe("The phone shows the home screen."), self._info()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply one action; malformed ones cost a step and get an explanation instead of an error."""
+        if self.task is None or self.phone is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode is over; call reset()")
+        self._steps += 1
+        answer: str | None = None
+        terminated = False
+        try:
+            parsed = parse_action(action)
+            if parsed.action_type == "status":
+                terminated = True
+                feedback = f"You declared the task {parsed.goal_status}."
+            elif parsed.action_type == "answer":
+                terminated, answer = True, parsed.text
+                feedback = f"You answered: {parsed.text}"
+            else:
+                feedback = self._perform(parsed)
+        except ActionError as e:
+            feedback = f"Invalid action: {e}"
+        truncated = not terminated and self._steps >= self.max_steps
+        info = self._info()
+        reward = 0.0
+        if terminated or truncated:
+            self._done = True
+            declared_infeasible = terminated and answer is None and "infeasible" in feedback
+            success = not declared_infeasible and self.task.check(self.phone.state, answer)
+            info["success"] = success
+            reward = 1.0 if success else 0.0
+        return self._observe(feedback), reward, terminated, truncated, info
+
+    def expert_action(self) -> str:
+        """The gold next action (AndroidWorld JSON) from the current state; it also recovers from detours."""
+        if self.task is None or self.phone is None:
+            raise RuntimeError("call reset() before expert_action()")
+        return self.task.expert(self.phone.state, self.phone.screen())
+
+    def close(self) -> None:
+        """Release the renderer (the browser page, if any)."""
+        self.renderer.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _perform(self, action: Action) -> str:
+        """Carry out a gesture through the renderer and say what happened."""
+        screen = self.phone.screen()
+        before = self.phone.version
+        kind = action.action_type
+        if kind in ("click", "double_tap", "long_press"):
+            x, y = self._target(screen, action)
+            if kind == "long_press":
+                self.renderer.long_press(x, y)
+            else:
+                for _ in range(2 if kind == "double_tap" else 1):
+                    self.renderer.tap(x, y)
+        elif kind == "input_text":
+            if action.index is not None:
+                element = self._element(screen, action.index)
+                if not element.is_editable:
+                    raise ActionError(f"element {action.index} ({element.text or element.class_name}) is not a text "
+                                      "field.")  # fmt: skip
+                self.renderer.tap(*element.center)
+            elif not self.phone.state.route.focused:
+                raise ActionError("no text field has the focus; give the index of the field to type into.")
+            self.renderer.type_text(action.text, action.clear_text)
+        elif kind in ("scroll", "swipe"):
+            direction = action.direction if kind == "scroll" else _SWIPE_TO_SCROLL[action.direction]
+            if action.index is not None:
+                x, y = self._element(screen, action.index).center
+            else:
+                lists = [e for e in screen.elements if e.is_scrollable]
+                x, y = lists[0].center if lists else (WIDTH // 2, HEIGHT // 2)
+            self.renderer.scroll(x, y, direction)
+        elif kind == "navigate_back":
+            self.renderer.tap(*screen.element("nav:back").center)
+        elif kind == "navigate_home":
+            self.renderer.tap(*screen.element("nav:home").center)
+        elif kind == "keyboard_enter":
+            self.renderer.enter()
+        elif kind == "open_app":
+            if self.phone.open_app(action.app_name) is None:
+                raise ActionError(f"no app named {action.app_name!r}; installed apps: {', '.join(APPS)}.")
+            self.renderer.refresh()
+        elif kind == "wait":
+            return "You waited."
+        return "Done." if self.phone.version != before else "Nothing changed on the screen."
+
+    @staticmethod
+    def _element(screen: Screen, index: int):
+        if not 0 <= index < len(screen.elements):
+            raise ActionError(f"there is no element {index}; this screen has elements 0 to {len(screen.elements) - 1}.")
+        return screen.elements[index]
+
+    def _target(self, screen: Screen, action: Action) -> tuple[int, int]:
+        if action.index is not None:
+            return self._element(screen, action.index).center
+        if not (0 <= action.x < WIDTH and 0 <= action.y < HEIGHT):
+            raise ActionError(f"({action.x}, {action.y}) is off the {WIDTH}x{HEIGHT} screen.")
+        return action.x, action.y
+
+    def _observe(self, feedback: str) -> str:
+        screen = self.phone.screen()
+        return (
+            f"Task: {self.task.instruction()}\n"
+            f"Step {self._steps}/{self.max_steps}. {feedback}\n"
+            f"Screen: {screen.title}\n"
+            f"UI elements:\n{screen.describe()}"
+        )
+
+    def _info(self) -> dict[str, Any]:
+        screen = self.phone.screen()
+        info: dict[str, Any] = {
+            "task_type": self.task.task_type,
+            "instruction": self.task.instruction(),
+            "screen": screen.title,
+            "ui_elements": [e.as_dict(i) for i, e in enumerate(screen.elements)],
+        }
+        if self.screenshots:
+            info["image"] = self.renderer.screenshot()
+        return info

@@ -1,0 +1,195 @@
+r"""`MathEnv`: answer a math problem, in one try or in several with feedback.
+
+Episode rules (reward is 1 for a correct answer, else 0; ``info["success"]`` is set on the last step):
+
+============================  ==========================================  ==========================================
+model reply                   ``mode="single"``                           ``mode="multi"``
+============================  ==========================================  ==========================================
+correct answer                reward 1, ``terminated``                    reward 1, ``terminated``
+wrong answer                  reward 0, ``terminated`` (the answer is     "Incorrect. Try again." and the episode
+                              final)                                      goes on; the gold answer is never shown
+no answer found               reward 0, ``truncated``: the only try is    says no answer was found and how to give
+                              spent without an answer (the observation    one; the episode goes on
+                              says why)
+``max_turns`` replies used    (single mode has one turn)                  ``truncated``
+============================  ==========================================  ==========================================
+
+A wrong answer ends a single-turn episode as ``terminated`` because the task failed for good. A reply without an
+answer ends it as ``truncated``: the one-reply budget ran out before the model answered.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from agentrl.core import SharedResource, TextEnv
+
+from .equivalence import answers_match
+from .extract import extract_answer
+from .generator import LEVELS, SPLITS, generate_problem
+from .problems import Problem, load_problems
+
+__all__ = ["MathEnv", "MathProblemSet", "ANSWER_INSTRUCTION"]
+
+ANSWER_INSTRUCTION = "Put your final answer in \\boxed{}."
+MODES = ("single", "multi")
+
+
+class MathProblemSet(SharedResource):
+    """The problems of a JSONL file, loaded once per node and shared by every `MathEnv` reading that file."""
+
+    def __init__(self, problems: list[Problem], path: Path):
+        if not problems:
+            raise ValueError(f"{path}: no problems")
+        self.problems = tuple(problems)
+        self.path = path
+
+    @classmethod
+    def build(cls, **env_kwargs: Any) -> MathProblemSet | None:
+        """Load the file named by ``source``; None for procedural problems, which need no shared state."""
+        source = env_kwargs.get("source", "procedural")
+        if source == "procedural":
+            return None
+        return cls(load_problems(source), Path(source))
+
+
+class MathEnv(TextEnv):
+    r"""Math word problems and arithmetic with 1/0 reward: procedural levels 1-5, or GSM8K / MATH JSONL files.
+
+    The observation is the problem text followed by "Put your final answer in \boxed{}.". The model's reply is
+    searched for a final answer (``\boxed{}``, ``#### N``, "the answer is X", else the last number; see
+    `extract_answer`) and compared with the gold answer exactly for numbers and with math-verify otherwise (see
+    `answers_match`, which is safe off the main thread).
+
+    Problem choice on `reset(seed=...)`:
+        * procedural: the problem is drawn from ``self.np_random``, so the same seed gives the same problem, and
+          ``split`` picks disjoint train / test question sets.
+        * file: with a seed, problem ``seed % len(problems)``, so seeds ``0..N-1`` walk the whole file in order
+          (handy for evaluation); with ``seed=None``, a uniform draw from ``self.np_random``.
+
+    ``info`` on reset: ``task_type`` (``"level<n>"``, ``"gsm8k"`` or ``"math"``), ``problem_id``, ``level``, ``turn``.
+    ``info`` on step adds ``extracted_answer`` (None when none was found), ``correct`` and, on the last step,
+    ``success`` and ``gold_answer``.
+
+    Args:
+        source: ``"procedural"`` or the path of a ``.jsonl`` file in GSM8K or MATH format.
+        level: difficulty of procedural problems, 1 (``7 + 5``) to 5 (multi-step word problems); ignored for files.
+        mode: ``"single"`` (one reply, right or wrong) or ``"multi"`` (wrong answers get feedback and another try).
+        max_turns: replies allowed per episode in ``"multi"`` mode (single mode always allows one).
+        split: ``"train"`` or ``"test"`` for procedural problems; ignored for files (the file is the split).
+        verify_timeout_s: the most seconds one symbolic equivalence check may take before counting as wrong.
+        shared: a prebuilt `MathProblemSet` for ``source`` (runner pools pass one per node); built if omitted.
+    """
+
+    system_prompt: ClassVar[str] = (
+        "You solve math problems. Think step by step, then give your final answer as a number or expression "
+        "inside \\boxed{}, for example \\boxed{42}."
+    )
+    shared: ClassVar[type[SharedResource] | None] = MathProblemSet
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] = "procedural",
+        level: int = 1,
+        mode: str = "single",
+        max_turns: int = 3,
+        split: str = "train",
+        verify_timeout_s: float = 2.0,
+        shared: MathProblemSet | None = None,
+    ):
+        if level not in LEVELS:
+            raise ValueError(f"MathEnv level must be one of {LEVELS}, got {level!r}")
+        if mode not in MODES:
+            raise ValueError(f"MathEnv mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"MathEnv max_turns must be a positive integer, got {max_turns!r}")
+        if split not in SPLITS:
+            raise ValueError(f"MathEnv split must be one of {SPLITS}, got {split!r}")
+        if verify_timeout_s <= 0:
+            raise ValueError(f"MathEnv verify_timeout_s must be positive, got {verify_timeout_s!r}")
+        self.source = source if source == "procedural" else os.fspath(source)
+        self.level = level
+        self.mode = mode
+        self.max_turns = 1 if mode == "single" else max_turns
+        self.split = split
+        self.verify_timeout_s = verify_timeout_s
+        if self.source == "procedural":
+            self._problem_set = None
+        else:
+            self._problem_set = shared if shared is not None else MathProblemSet.build(source=self.source)
+        self._problem: Problem | None = None
+        self._turn = 0
+        self._done = False
+        self._success = False
+
+    @property
+    def problem(self) -> Problem:
+        """The current problem (after `reset`)."""
+        if self._problem is None:
+            raise RuntimeError("MathEnv: call reset() before using the env")
+        return self._problem
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Pick a problem (deterministically from `seed`) and return it with the answer-format instruction."""
+        # gym.Env.reset seeds self.np_random; TextEnv.reset (the abstract contract method) would raise.
+        gym.Env.reset(self, seed=seed, options=options)
+        if self._problem_set is None:
+            self._problem = generate_problem(self.level, self.np_random, self.split)
+        else:
+            problems = self._problem_set.problems
+            index = seed % len(problems) if seed is not None else int(self.np_random.integers(len(problems)))
+            self._problem = problems[index]
+        self._turn = 0
+        self._done = False
+        self._success = False
+        return f"{self._problem.question}\n\n{ANSWER_INSTRUCTION}", self._info()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Check the answer in `action`; see the class docstring for rewards and episode ends."""
+        problem = self.problem
+        if self._done:
+            # Like Gymnasium's own envs: a step after the end is the caller's bug, so warn, but do not crash a
+            # rollout worker over it; the episode stays over.
+            gym.logger.warn("MathEnv.step() called after the episode ended; call reset() to start a new one")
+            info = self._info(extracted_answer=None, correct=False, success=self._success, gold_answer=problem.answer)
+            return "The episode is over. Call reset() to start a new one.", 0.0, True, False, info
+        if not isinstance(action, str):
+            raise TypeError(f"MathEnv actions are str, got {type(action).__name__}")
+        self._turn += 1
+        answer = extract_answer(action)
+        correct = answers_match(problem.answer, answer, timeout_s=self.verify_timeout_s)
+        out_of_turns = self._turn >= self.max_turns
+        if correct:
+            observation, terminated, truncated = "Correct.", True, False
+        elif answer is None:
+            observation = f"No final answer found. {ANSWER_INSTRUCTION} For example: \\boxed{{42}}."
+            terminated, truncated = False, out_of_turns
+        elif self.mode == "single":
+            observation, terminated, truncated = "Incorrect.", True, False
+        else:
+            observation = "Incorrect." if out_of_turns else "Incorrect. Try again."
+            terminated, truncated = False, out_of_turns
+        if not (terminated or truncated) and self.mode == "multi":
+            turns_left = self.max_turns - self._turn
+            observation += f" ({turns_left} {'try' if turns_left == 1 else 'tries'} left.)"
+        info = self._info(extracted_answer=answer, correct=correct)
+        if terminated or truncated:
+            self._done, self._success = True, correct
+            info.update(success=correct, gold_answer=problem.answer)
+        return observation, float(correct), terminated, truncated, info
+
+    def expert_action(self) -> str:
+        r"""A worked solution ending in ``\boxed{<gold answer>}``."""
+        problem = self.problem
+        solution = problem.solution.strip()
+        final = f"The final answer is \\boxed{{{problem.answer}}}."
+        return f"{solution}\n{final}" if solution else final
+
+    def _info(self, **extra: Any) -> dict[str, Any]:
+        problem = self.problem
+        task_type = f"level{problem.level}" if problem.source == "procedural" else problem.source
+        return {"task_type": task_type, "problem_id": problem.id, "level": problem.level, "turn": self._turn, **extra}

@@ -1,0 +1,153 @@
+r"""Answer equivalence: `answers_match(gold, predicted)`, exact for numbers, math-verify for the rest, time-bounded.
+
+Two paths, cheapest first:
+
+1. Both answers are plain numbers (integers, decimals, ``a/b``, ``\frac{a}{b}``): compare them exactly as
+   fractions. This covers GSM8K and the procedural problems and takes microseconds.
+2. Otherwise math-verify (``verify(parse(gold), parse(pred))``, gold first) compares them symbolically.
+
+Why a worker thread: math-verify bounds its own time with ``signal.alarm``, which only works on the main thread of
+the main interpreter (it raises inside Ray workers, thread pools, async runners) and would also cancel any alarm
+the caller set (pytest-timeout's, for one). So we always call it with its timeouts off and run it on a short-lived
+daemon thread that we wait on for at most `timeout_s`. A call that overruns is abandoned and counts as "no match".
+Python cannot kill a thread, so an abandoned call keeps a core busy until sympy returns; to keep a pathological
+answer stream from piling these up, symbolic checks are refused (answer: no match) while `MAX_ABANDONED_CHECKS`
+of them are still running.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from fractions import Fraction
+from typing import TypeVar
+
+__all__ = ["answers_match", "as_number", "MAX_ABANDONED_CHECKS"]
+
+MAX_ABANDONED_CHECKS = 4
+"""Symbolic checks still running after their time ran out, beyond which new symbolic checks are refused."""
+
+_logger = logging.getLogger(__name__)
+_abandoned: list[threading.Thread] = []
+_abandoned_lock = threading.Lock()
+
+_PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?$")
+_LATEX_FRACTION_RE = re.compile(r"^([-+]?)\\[dt]?frac\s*(?:\{\s*([-+]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
+_T = TypeVar("_T")
+
+
+class _DropTimeoutDisabledWarning(logging.Filter):
+    """math-verify warns once that its timeout is off; we bound the time ourselves, so the warning is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
+
+
+def as_number(answer: str) -> Fraction | None:
+    r"""The exact value of a plain numeric answer, or None when it is not one.
+
+    Accepts integers, decimals, thousands separators, ``a/b``, ``\frac{a}{b}`` (``\dfrac``, ``\tfrac``,
+    ``\frac12``) and a leading ``$``. A trailing ``%`` is not a plain number (50% could mean 50 or 0.5), so it
+    goes to the symbolic check.
+
+    Examples:
+        >>> as_number("1,000.5")
+        Fraction(2001, 2)
+        >>> as_number("-\\frac{3}{4}")
+        Fraction(-3, 4)
+        >>> as_number("2x") is None
+        True
+    """
+    text = answer.strip().replace("−", "-").replace("\\$", "").lstrip("$").replace("\\!", "").replace(" ", "")
+    text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
+    try:
+        if _PLAIN_NUMBER_RE.match(text):
+            return Fraction(text)
+        match = _LATEX_FRACTION_RE.match(text)
+        if match:
+            sign, num_braced, num_digit, den_braced, den_digit = match.groups()
+            value = Fraction(int(num_braced or num_digit), int(den_braced or den_digit))
+            return -value if sign == "-" else value
+    except (ValueError, ZeroDivisionError):  # "1/0", "5."-like oddities: not a plain number after all
+        return None
+    return None
+
+
+def answers_match(gold: str, predicted: str | None, timeout_s: float = 2.0) -> bool:
+    r"""True when `predicted` is mathematically equivalent to `gold`; safe to call from any thread.
+
+    Args:
+        gold: the reference answer (a number or LaTeX, without ``\boxed``).
+        predicted: the extracted model answer; None (nothing extracted) never matches.
+        timeout_s: the most seconds the symbolic check may take; past it the answer counts as wrong.
+
+    Returns:
+        Whether the answers are equivalent. Never raises on bad answers: unparseable text simply does not match.
+
+    Examples:
+        >>> answers_match("0.5", "1/2")
+        True
+        >>> answers_match("18", "18.00")
+        True
+        >>> answers_match("18", "17")
+        False
+    """
+    if predicted is None:
+        return False
+    if _squash(gold) == _squash(predicted):
+        return True
+    gold_number, predicted_number = as_number(gold), as_number(predicted)
+    if gold_number is not None and predicted_number is not None:
+        return gold_number == predicted_number
+    verdict = _run_bounded(lambda: _math_verify(gold, predicted), timeout_s)
+    return bool(verdict)
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _math_verify(gold: str, predicted: str) -> bool:
+    # Imported here: math-verify pulls in sympy and antlr (~0.5 s), which pure-numeric users never need.
+    from math_verify import parse, verify
+
+    # Wrapping in \boxed makes math-verify read the whole string as the answer instead of hunting inside it.
+    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
+    predicted_parsed = parse(f"\\boxed{{{predicted}}}", parsing_timeout=None)
+    if not gold_parsed or not predicted_parsed:
+        return False
+    return verify(gold_parsed, predicted_parsed, timeout_seconds=None)
+
+
+def _run_bounded(fn: Callable[[], _T], timeout_s: float) -> _T | None:
+    """Run `fn` on a daemon thread; its result, or None if it raised or ran past `timeout_s`."""
+    with _abandoned_lock:
+        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+        if len(_abandoned) >= MAX_ABANDONED_CHECKS:
+            _logger.warning(
+                "%d symbolic answer checks are still running past their time; refusing new ones", MAX_ABANDONED_CHECKS
+            )
+            return None
+    result: list[_T] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except Exception as e:  # a checker bug or sympy error must not crash an env step
+            _logger.debug("math-verify raised %s: %s", type(e).__name__, e)
+
+    worker = threading.Thread(target=target, name="math-verify", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        with _abandoned_lock:
+            _abandoned.append(worker)
+        _logger.warning("symbolic answer check ran past %.1f s; counted as no match", timeout_s)
+        return None
+    return result[0] if result else None

@@ -1,0 +1,37 @@
+"""Shared fixtures: the repo root, ../shared, and the tiny real models (loaded once per session)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    if Path("/usr/bin/chromium").exists() or shutil.which("chromium"):
+        return
+    skip = pytest.mark.skip(reason="needs Debian chromium at /usr/bin/chromium (apt-get install chromium)")
+    for item in items:
+        if "browser" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3():
+    from agentrl.models import load_model
+
+    return load_model("tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    from agentrl.models import load_qwen3_tokenizer
+
+    return load_qwen3_tokenizer()

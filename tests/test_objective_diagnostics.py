@@ -1,0 +1,74 @@
+"""Diagnostics (entropy, KL estimators, IS stats) and the collapse guard."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentrl.objective import CollapseGuard, GuardVerdict, importance_weight_stats, kl_estimates, token_entropy
+
+
+def test_token_entropy_hand_worked_and_chunked():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -1e9, -1e9]]])
+    ent = token_entropy(logits, chunk_size=2)  # [1, 3], chunk boundary inside the sequence
+    p = torch.tensor([0.75, 0.25])
+    expected = torch.tensor([[math.log(4.0), 0.0, float(-(p * p.log()).sum())]])
+    torch.testing.assert_close(ent, expected, atol=1e-6, rtol=0)
+    big = torch.randn(2, 7, 11)
+    torch.testing.assert_close(token_entropy(big, chunk_size=3), token_entropy(big, chunk_size=1024))
+
+
+def test_k1_and_k3_are_exact_kl_under_p_and_k3_is_nonnegative():
+    # mu = p = (0.5, 0.25, 0.25) sampled exactly in proportion: 4 tokens, categories 0, 0, 1, 2.
+    p = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)  # pi_old
+    cats = torch.tensor([0, 0, 1, 2])
+    rollout_logp, old_logp = p.log()[cats].unsqueeze(0), q.log()[cats].unsqueeze(0)  # [1, 4]
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    kl = float((p * (p / q).log()).sum())
+    est = kl_estimates(old_logp, rollout_logp, mask)
+    assert est["kl_k1"] == pytest.approx(kl, abs=1e-12)
+    assert est["kl_k3"] == pytest.approx(kl, abs=1e-12)
+    assert abs(est["kl_k2"] - kl) > 1e-3  # k2 is biased
+    log_rho = torch.linspace(-5, 5, 101)
+    assert (log_rho.exp() - 1 - log_rho >= 0).all()
+
+
+def test_importance_weight_stats():
+    w = torch.tensor([[1.0, 1.0, 4.0, 9.0]])
+    mask = torch.tensor([[True, True, True, False]])
+    stats = importance_weight_stats(w, mask)
+    assert stats["is_weight_mean"] == 2.0 and stats["is_weight_max"] == 4.0
+    assert stats["is_ess"] == pytest.approx(36 / (3 * 18))  # (sum w)^2 / (n sum w^2)
+
+
+def test_guard_trips_after_patience_consecutive_bad_steps():
+    guard = CollapseGuard(patience=3, action="rollback")
+    healthy = {"entropy": 0.9, "kl_k3": 0.001}
+    low_entropy = {"entropy": 0.1, "kl_k3": 0.001}
+    assert guard.update(healthy) == GuardVerdict(True, "", "none", 0, 0)
+    assert guard.update(low_entropy).ok and guard.update(low_entropy).ok
+    assert guard.update(healthy).ok  # the streak resets
+    verdicts = [guard.update(low_entropy) for _ in range(3)]
+    assert [v.ok for v in verdicts] == [True, True, False]
+    final = verdicts[-1]
+    assert final.action == "rollback" and final.last_good_step == 3 and final.bad_streak == 3
+    assert "entropy 0.1 < 0.25" in final.reason and "roll back to step 3" in final.reason
+
+
+def test_guard_kl_threshold_and_stop_action():
+    guard = CollapseGuard(k3_max=0.01, patience=1, action="stop")
+    verdict = guard.update({"entropy": 1.0, "kl_k3": 0.05}, step=42)
+    assert not verdict.ok and verdict.action == "stop"
+    assert "KL(mu||pi_old) k3 0.05 > 0.01" in verdict.reason and "step 42" in verdict.reason
+    assert not CollapseGuard(patience=1).update({"entropy": float("nan"), "kl_k3": 0.0}).ok
+
+
+def test_guard_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown guard action"):
+        CollapseGuard(action="pause")
+    with pytest.raises(KeyError, match="needs metric 'entropy'"):
+        CollapseGuard().update({"kl_k3": 0.0})
+    assert CollapseGuard(entropy_min=None).update({"kl_k3": 0.0}).ok  # disabled checks need no metric
