@@ -11,6 +11,8 @@ app = typer.Typer(help="Train LLM agents with RL on multi-turn text environments
                   add_completion=False, pretty_exceptions_enable=False)
 envs_app = typer.Typer(help="Inspect registered environments.", no_args_is_help=True)
 app.add_typer(envs_app, name="envs")
+webshop_app = typer.Typer(help="WebShop tools.", no_args_is_help=True)
+app.add_typer(webshop_app, name="webshop")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -79,6 +81,10 @@ def run(
     group_size: int | None = typer.Option(None, "--group-size", help="Episodes per task (G)."),
     prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Tasks per step (B)."),
     runners: int | None = typer.Option(None, "--runners", help="Concurrent env runners (0 = in-process)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (default: local Ray)."),
+    sync_every: int | None = typer.Option(None, "--sync-every", help="Refresh rollout weights every k steps."),
+    async_rollout: bool | None = typer.Option(None, "--async/--no-async", help="Roll out step s+1 while s trains."),
+    max_staleness: int | None = typer.Option(None, "--max-staleness", help="Async: max policy versions old."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Per turn."),
     max_turns: int | None = typer.Option(None, "--max-turns", help="Model calls per episode."),
     lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
@@ -109,6 +115,8 @@ def run(
         overrides = {
             "env.id": env, "model": model, "steps": steps, "rollout.group_size": group_size,
             "rollout.prompts_per_step": prompts_per_step, "rollout.runners": runners,
+            "rollout.ray_address": ray_address, "rollout.sync_every": sync_every,
+            "rollout.async_rollout": async_rollout, "rollout.max_staleness": max_staleness,
             "rollout.max_new_tokens": max_new_tokens, "rollout.max_turns": max_turns, "optim.lr": lr,
             "loss.name": loss, "seed": seed, "output": str(output) if output else None,
         }
@@ -123,6 +131,115 @@ def run(
     except KeyboardInterrupt:
         _fail("interrupted; the last checkpoint and metrics so far are kept", code=130)
     typer.echo(f"run saved in {out} (metrics.jsonl, curves.png, checkpoint/)")
+
+
+@app.command("eval")
+def eval_(
+    env: str | None = typer.Option(None, "--env", help="Env id (see `agentrl envs list`)."),
+    model: str | None = typer.Option(None, "--model", help="Built-in model, run checkpoint folder or hub id."),
+    split: str | None = typer.Option(None, "--split", help="Held-out split [default: test, where the env has one]."),
+    episodes: int = typer.Option(32, "--episodes", help="Tasks (env seeds) to evaluate."),
+    k: str = typer.Option("1", "--k", help="pass@k to report, comma-separated, e.g. 1,4,8."),
+    samples_per_task: int | None = typer.Option(None, "--samples-per-task", help="n per task [default: max k]."),
+    output: Path = typer.Option(Path("runs/eval"), "--output", help="Folder for results.json and report.html."),
+    env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
+    max_turns: int = typer.Option(20, "--max-turns", help="Model calls per episode."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Per turn."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Override the model's official value."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Override the model's official value."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Override the model's official value."),
+    min_p: float | None = typer.Option(None, "--min-p", help="Override the model's official value."),
+    repetition_penalty: float | None = typer.Option(None, "--repetition-penalty", help="Override (1 = off)."),
+    presence_penalty: float | None = typer.Option(None, "--presence-penalty", help="Override (0 = off)."),
+    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Force the thinking mode."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed."),
+    seed_offset: int | None = typer.Option(None, "--seed-offset", help="First task seed [default: 1000000]."),
+    compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Compare two eval folders: A B."),
+) -> None:
+    """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
+    from agentrl.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, evaluate, load_results
+    from agentrl.models import UnknownModelError
+    from agentrl.registry import UnknownEnvError
+    from agentrl.report import print_comparison, print_results
+
+    try:
+        if compare is not None:
+            a, b = (load_results(folder) for folder in compare)
+            print_comparison(a, b, label_a=str(compare[0]), label_b=str(compare[1]))
+            return
+        if env is None or model is None:
+            _fail("agentrl eval needs --env and --model (or --compare DIR_A DIR_B)")
+        try:
+            ks = tuple(sorted({int(part) for part in k.split(",") if part.strip()}))
+        except ValueError:
+            _fail(f"--k expects comma-separated integers like 1,4,8, got {k!r}")
+        overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+                     "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty}
+        cfg = EvalConfig(
+            env_id=env, model=model, split=split, episodes=episodes, ks=ks, samples_per_task=samples_per_task,
+            env_kwargs=_parse_kwargs(env_arg), max_turns=max_turns, max_new_tokens=max_new_tokens,
+            seed_offset=EVAL_SEED_OFFSET if seed_offset is None else seed_offset, seed=seed, thinking=thinking,
+            sampling_overrides={key: v for key, v in overrides.items() if v is not None}, output=str(output),
+        )
+        results = evaluate(cfg)
+    except (EvalError, UnknownModelError, UnknownEnvError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was written", code=130)
+    print_results(results)
+    typer.echo(f"results in {output / 'results.json'}, report in {output / 'report.html'}")
+
+
+@app.command("inspect")
+def inspect_(
+    run_dir: Path = typer.Argument(..., help="A run folder (holds trajectories.jsonl, metrics.jsonl)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write a PNG of the distribution shifts here."),
+    every: int = typer.Option(1, "--every", help="Show every N-th step (the last one is always shown)."),
+) -> None:
+    """Summarise a run's saved trajectories step by step: reward and length distributions and how they shift."""
+    from agentrl.inspect_run import InspectError, inspect_run
+
+    try:
+        inspect_run(run_dir, plot=plot, every=every)
+    except InspectError as e:
+        _fail(str(e))
+
+
+@app.command("check-template")
+def check_template(
+    model: str = typer.Option(..., "--model", help="Built-in model, local HF folder or hub id."),
+    conversations: Path | None = typer.Option(None, "--conversations",
+                                              help="JSON/JSONL conversations or a run's trajectories.jsonl."),
+    family: str | None = typer.Option(None, "--family", help="Force a template family instead of detecting it."),
+    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Template thinking switch."),
+) -> None:
+    """Check a chat template: is it prefix-preserving across turns, which turns split and why, token drift."""
+    from agentrl.models import UnknownModelError
+    from agentrl.roundtrip import template_report
+    from agentrl.templates import UnknownFamilyError
+
+    try:
+        report = template_report(model, conversations, family=family, enable_thinking=thinking)
+    except (UnknownModelError, UnknownFamilyError, ValueError) as e:
+        _fail(str(e))
+    for line in report.lines():
+        typer.echo(line)
+    raise typer.Exit(0 if report.incremental_ok else 1)
+
+
+@webshop_app.command("serve")
+def webshop_serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (keep it on loopback unless you mean it)."),
+    port: int = typer.Option(3000, help="Port (0 picks a free one)."),
+    env_arg: list[str] = typer.Option([], "--env-arg", help="WebShop constructor argument KEY=VALUE (repeatable)."),
+) -> None:
+    """Serve the WebShop pages as HTML for a person to shop in a browser (same pages, actions and score)."""
+    from agentrl.envs.webshop.server import serve
+
+    try:
+        serve(host=host, port=port, **_parse_kwargs(env_arg))
+    except (TypeError, ValueError, OSError) as e:
+        _fail(f"cannot serve WebShop: {e}")
 
 
 def main() -> None:

@@ -64,10 +64,34 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     enable_thinking: bool | None = None
     """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
+    observation_role: str = "user"
+    """Role of observations after the first: ``user``, or ``tool`` (Qwen3 then keeps reasoning across turns, so the
+    token prefix holds and turns merge into one sample)."""
+    recap_actions: int = 0
+    """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
+    max_new_tokens_by_turn: tuple[int, ...] = ()
+    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
+    chat_family: str = ""
+    """Chat-template family to render with (qwen3, qwen2.5, chatml, deepseek-r1, kimi-k2); empty detects it from the
+    tokenizer, falling back to the tokenizer's own template."""
     engine_batch_size: int = 32
     """Prompts per engine forward pass."""
     runners: int = 0
     """Concurrent env runners; 0 runs envs in the driver process."""
+    runner_actors: int = 0
+    """Ray processes hosting the runners (several envs each); 0 = one per CPU of the Ray cluster."""
+    ray_address: str | None = None
+    """Ray cluster to join (``auto``, ``ray://host:10001``); None starts a quiet local Ray for the run."""
+    step_timeout: float = 60.0
+    """Seconds an env reset/step may take in a runner before the runner is restarted and the episode re-run."""
+    max_episode_retries: int = 2
+    """Re-runs of an episode whose env failed before its whole group is dropped (and counted)."""
+    sync_every: int = 1
+    """Refresh the rollout engine's weights every k steps (1 = lockstep on-policy; samples are <= k-1 steps old)."""
+    async_rollout: bool = False
+    """Collect the next step's rollout while this step trains, bounded by `max_staleness`."""
+    max_staleness: int = 1
+    """Async mode: train only on samples at most this many policy versions old (fresher ones first)."""
 
 
 @dataclass
@@ -84,6 +108,9 @@ class LossConfig:
     """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
     micro_batch_size: int = 4
     """Sequences per forward/backward pass (memory knob only: the gradient does not depend on it)."""
+    routing_replay: str = "none"
+    """MoE Routing Replay: ``none``, ``r2`` (replay the training router's pi_old choices in the updates) or ``r3``
+    (replay the experts the inference engine chose at rollout, in the pi_old pass and the updates)."""
     per_turn_samples: bool = False
     """One training sample per turn instead of merging turns while the token prefix holds."""
 

@@ -1,18 +1,41 @@
-"""Per-episode chat context: each turn's prompt ids, built token-in/token-out.
+"""Per-episode chat context: each turn's prompt ids, built token-in/token-out, exactly as inference would see them.
 
-Turn k's prompt is what the model family's chat template renders for the history so far, which is exactly what the
-model would see at inference. Where that rendering extends the previous turn's full sequence (prompt + the ids the
-engine generated), the context simply grows: the generated ids are kept verbatim and only the new text (end of the
-assistant turn, the observation, the next generation prompt) is tokenized. Where the template rewrote history (Qwen3
-drops earlier turns' ``<think>`` spans, for example), the prefix no longer holds and the turn starts a new segment
-from the full re-rendered history; training samples split there.
+Turn k's prompt is the model family's rendering of the history so far (`agentrl.templates`). Two paths:
+
+* The prefix holds (the common case): the ids the engine generated are kept verbatim and only the new text (the
+  end of the assistant turn, the observation, the next generation prompt) is rendered and tokenized. For a known
+  family the new text comes from rendering the new messages after a few *anchor* messages, never the whole
+  history, so a turn costs time proportional to its new tokens, not to the episode so far.
+* The family's policy rewrote history (Qwen3 drops earlier ``<think>`` spans, DeepSeek-R1 drops all reasoning): the
+  whole history is re-rendered and re-tokenized and the turn starts a new segment (`Turn.new_segment`); training
+  samples split there, so the model is trained on contexts it really saw.
+
+Whether the prefix holds is always decided on text: the new rendering must start with the previous prompt followed by
+the decoded reply. Tokenizers without a known family (or an explicit ``chat_template``) take the full path every turn.
+
+Agent-loop aids: observations after the first may be sent as ``tool`` messages (Qwen3 then keeps reasoning across
+turns and the prefix holds), and ``recap_actions=k`` repeats the goal and the last k actions in each observation
+(small models lose focus in long episodes); the recap lives in the new message only, so it never breaks the prefix.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["ChatContext", "strip_thinking"]
+from agentrl.templates import FAMILIES, TemplateFamily, get_family
+
+__all__ = ["ChatContext", "ContextStep", "strip_thinking", "detect_family", "recap_text"]
+
+OBSERVATION_ROLES = ("user", "tool")
+
+# Conversations that tell the families apart: system prompt or not, reasoning in history, a later query.
+_PROBES: tuple[tuple[dict[str, str], ...], ...] = (
+    ({"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
+     {"role": "assistant", "content": "<think>\nr\n</think>\n\na1"}, {"role": "user", "content": "q2"}),
+    ({"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}),
+)
 
 
 def strip_thinking(text: str) -> str:
@@ -20,53 +43,237 @@ def strip_thinking(text: str) -> str:
     return text.rsplit("</think>", 1)[-1].strip() if "</think>" in text else text.strip()
 
 
-class ChatContext:
-    """The growing conversation of one episode, rendered with the tokenizer's chat template.
+def recap_text(goal: str, actions: list[str], k: int) -> str:
+    """The reminder appended to an observation: the original goal and the last `k` actions, numbered.
 
     Args:
-        tokenizer: a Hugging Face tokenizer with a chat template.
-        system_prompt: the env's instructions; omitted when empty.
-        chat_kwargs: extra template variables (e.g. ``{"enable_thinking": False}`` for Qwen3).
+        goal: the episode's first observation.
+        actions: the actions taken so far, oldest first.
+        k: how many of the latest actions to repeat.
+    """
+    start = max(len(actions) - k, 0)
+    lines = [f"{i + 1}. {a}" for i, a in enumerate(actions[start:], start)]
+    return f"\n\nReminder. Your goal: {goal}\nYour last {len(lines)} action(s):\n" + "\n".join(lines)
+
+
+@lru_cache(maxsize=64)
+def _detect(template: str, kwargs_key: tuple, hint: str | None) -> str | None:
+    from agentrl.templates import compile_template
+
+    names = ([hint] if hint in FAMILIES else []) + [n for n in FAMILIES if n != hint]
+    kwargs = dict(kwargs_key)
+    for name in names:
+        family = FAMILIES[name]
+        try:
+            if all(compile_template(template).render(messages=list(p), add_generation_prompt=True, tools=None,
+                                                     **kwargs) == family.render(p, **kwargs) for p in _PROBES):
+                return name
+        except Exception:  # a template that cannot render a probe is simply not this family
+            continue
+    return None
+
+
+def detect_family(tokenizer, chat_kwargs: dict[str, Any] | None = None, hint: str | None = None) -> str | None:
+    """The registered family whose template renders like the tokenizer's own, or None.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        chat_kwargs: template variables the run uses (they can change the rendering).
+        hint: a family to try first (e.g. `LoadedModel.family`); it is still checked, never trusted.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return None
+    key = tuple(sorted((k, v) for k, v in (chat_kwargs or {}).items() if isinstance(v, (str, int, float, bool))))
+    return _detect(template, key, hint)
+
+
+@dataclass(frozen=True)
+class ContextStep:
+    """How the last `next_prompt` call built its prompt.
+
+    Attributes:
+        new_segment: the prompt does not extend the previous full sequence (history was rewritten).
+        path: ``"delta"`` (only new messages rendered), ``"full"`` (whole history re-rendered, prefix held) or
+            ``"rewrite"`` (whole history re-rendered, new segment).
+        reason: for a rewrite, where the rendering first departs from what the model saw (empty otherwise).
+        new_tokens: ids added after the generated ones (or the whole prompt for a rewrite).
     """
 
-    def __init__(self, tokenizer, system_prompt: str = "", chat_kwargs: dict[str, Any] | None = None):
+    new_segment: bool
+    path: str
+    reason: str = ""
+    new_tokens: int = 0
+
+
+def explain_rewrite(seen: str, rendered: str, width: int = 40) -> str:
+    """Say where `rendered` first departs from `seen` (the text the model saw plus its reply)."""
+    i = next((j for j, (a, b) in enumerate(zip(seen, rendered)) if a != b), min(len(seen), len(rendered)))
+    was, now = seen[i : i + width], rendered[i : i + width]
+    dropped = " (a <think> span was dropped)" if "<think>" in seen[max(i - 10, 0) : i + width] else ""
+    return f"at char {i}: the model saw {was!r}, the template now renders {now!r}{dropped}"
+
+
+class ChatContext:
+    """The growing conversation of one episode and its prompt ids.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        system_prompt: the env's instructions; omitted when empty.
+        chat_kwargs: template variables (``{"enable_thinking": False}`` for Qwen3). A ``chat_template`` entry renders
+            with that template instead of a family's, re-rendering the whole history each turn.
+        family: a registered family name to render with (overrides detection); None detects it from the tokenizer
+            (`detect_family`), falling back to the tokenizer's own template re-rendered in full every turn.
+        family_hint: a family to try first when detecting (e.g. `LoadedModel.family`).
+        tools: tool declarations passed to the template.
+        observation_role: ``"user"`` or ``"tool"``: the role of observations after the first.
+        recap_actions: when > 0, each observation after the first ends with the goal and the last k actions.
+        verify: also render the whole history each turn and raise if the fast path disagreed (for tests and
+            `agentrl check-template`; costs O(history) per turn).
+    """
+
+    def __init__(self, tokenizer, system_prompt: str = "", chat_kwargs: dict[str, Any] | None = None, *,
+                 family: str | None = None, family_hint: str | None = None, tools: list[dict] | None = None,
+                 observation_role: str = "user", recap_actions: int = 0, verify: bool = False):
+        if observation_role not in OBSERVATION_ROLES:
+            raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {observation_role!r}")
+        if recap_actions < 0:
+            raise ValueError(f"recap_actions must be >= 0, got {recap_actions}")
         self.tokenizer = tokenizer
         self.chat_kwargs = dict(chat_kwargs or {})
+        self.tools = tools
+        self.observation_role = observation_role
+        self.recap_actions = recap_actions
+        self.verify = verify
+        if family is not None:
+            self.family: TemplateFamily | None = get_family(family)
+        elif "chat_template" in self.chat_kwargs:
+            self.family = None
+        else:
+            name = detect_family(tokenizer, self.chat_kwargs, family_hint)
+            self.family = FAMILIES[name] if name else None
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        self._text = ""  # the text of the last prompt
-        self._ids: list[int] = []  # and its ids
+        self.actions: list[str] = []
+        self.goal = ""
+        self.last_step = ContextStep(new_segment=False, path="first")
+        self._pieces: list[str] = []  # the last prompt's text, in pieces (joined only when a full render needs it)
+        self._ids: list[int] = []
+        self._end_markers = tuple(t for t in {self.family.end_of_turn if self.family else None,
+                                              getattr(tokenizer, "eos_token", None)} if t)
 
-    def _render(self) -> str:
-        return self.tokenizer.apply_chat_template(
-            self.messages, tokenize=False, add_generation_prompt=True, **self.chat_kwargs
-        )
+    @classmethod
+    def for_model(cls, loaded, system_prompt: str = "", chat_kwargs: dict[str, Any] | None = None,
+                  **options: Any) -> ChatContext:
+        """A context for a `agentrl.models.LoadedModel`, trying its `family` first when detecting."""
+        return cls(loaded.tokenizer, system_prompt, chat_kwargs, family_hint=loaded.family, **options)
+
+    @property
+    def family_name(self) -> str:
+        """The family rendering this context, or ``"custom"`` for the tokenizer's own template."""
+        return self.family.name if self.family else "custom"
+
+    @property
+    def text(self) -> str:
+        """The text of the current prompt."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    # ---- rendering ---------------------------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        if self.family is not None:
+            return self.family.render(messages, add_generation_prompt=True, tools=self.tools, **self.chat_kwargs)
+        extra = {"tools": self.tools} if self.tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  **extra, **self.chat_kwargs)
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def _reply_content(self, reply_text: str, generated_ids) -> str:
+        if self.family is None:  # the tokenizer's own template: let the tokenizer say what is special
+            return self.tokenizer.decode(list(generated_ids), skip_special_tokens=True)
+        content = reply_text
+        stripped = True
+        while stripped:  # an end-of-turn marker (and an eos after it) belongs to the template, not the message
+            stripped = False
+            for marker in self._end_markers:
+                if content.endswith(marker):
+                    content, stripped = content[: -len(marker)], True
+        return content
+
+    # ---- turns -------------------------------------------------------------------------------------------------
 
     def first_prompt(self, observation: str) -> list[int]:
         """Prompt ids for the first turn."""
+        self.goal = observation
         self.messages.append({"role": "user", "content": observation})
-        self._text = self._render()
-        self._ids = self._encode(self._text)
+        text = self._render(self.messages)
+        self._pieces, self._ids = [text], self._encode(text)
+        self.last_step = ContextStep(new_segment=False, path="first", new_tokens=len(self._ids))
         return list(self._ids)
 
-    def next_prompt(self, generated_ids: list[int] | tuple[int, ...], observation: str) -> tuple[list[int], bool]:
-        """Record the model's reply and the env's observation; return (next prompt ids, starts a new segment)."""
-        reply_text = self.tokenizer.decode(list(generated_ids), skip_special_tokens=False)
-        content = self.tokenizer.decode(list(generated_ids), skip_special_tokens=True)
-        self.messages.append({"role": "assistant", "content": content})
-        self.messages.append({"role": "user", "content": observation})
-        text = self._render()
-        seen = self._text + reply_text
-        if text.startswith(seen):
-            ids = self._ids + list(generated_ids) + self._encode(text[len(seen) :])
-            new_segment = False
+    def next_prompt(self, generated_ids: list[int] | tuple[int, ...], observation: str,
+                    role: str | None = None) -> tuple[list[int], bool]:
+        """Record the model's reply and the env's observation; return (next prompt ids, starts a new segment).
+
+        Args:
+            generated_ids: the engine's ids for the reply, verbatim.
+            observation: the env's answer.
+            role: the observation's role for this turn (default: the context's `observation_role`).
+        """
+        role = role or self.observation_role
+        if role not in OBSERVATION_ROLES:
+            raise ValueError(f"role must be one of {OBSERVATION_ROLES}, got {role!r}")
+        if not self.messages:
+            raise RuntimeError("call first_prompt before next_prompt")
+        generated_ids = list(generated_ids)
+        reply_text = self.tokenizer.decode(generated_ids, skip_special_tokens=False)
+        content = self._reply_content(reply_text, generated_ids)
+        self.actions.append(strip_thinking(content))
+        if self.recap_actions:
+            observation += recap_text(self.goal, self.actions, self.recap_actions)
+        new = [{"role": "assistant", "content": content}, {"role": role, "content": observation}]
+
+        delta = self._delta_text(new, reply_text)
+        if delta is not None:
+            added = self._encode(delta)
+            ids = self._ids + generated_ids + added
+            self._pieces += [reply_text, delta]
+            step = ContextStep(new_segment=False, path="delta", new_tokens=len(added))
         else:
-            ids = self._encode(text)
-            new_segment = True
-        self._text, self._ids = text, ids
-        return list(ids), new_segment
+            seen = self.text + reply_text
+            text = self._render(self.messages + new)
+            if text.startswith(seen):
+                added = self._encode(text[len(seen) :])
+                ids = self._ids + generated_ids + added
+                step = ContextStep(new_segment=False, path="full", new_tokens=len(added))
+            else:
+                ids = self._encode(text)
+                step = ContextStep(new_segment=True, path="rewrite", reason=explain_rewrite(seen, text),
+                                   new_tokens=len(ids))
+            self._pieces = [text]
+        if self.verify and step.path == "delta":
+            full = self._render(self.messages + new)
+            if full != self.text:
+                raise AssertionError(f"{self.family_name}: incremental rendering departs from the full rendering, "
+                                     f"{explain_rewrite(full, self.text)}")
+        self.messages += new
+        self._ids = ids
+        self.last_step = step
+        return list(ids), step.new_segment
+
+    def _delta_text(self, new: list[dict[str, str]], reply_text: str) -> str | None:
+        """The text after the reply when only `new` needs rendering, or None when the full path must decide."""
+        family = self.family
+        if family is None or family.rewrites_history(self.messages, new):
+            return None
+        anchor = [self.messages[i] for i in family.anchor(self.messages)]
+        before = self._render(anchor)
+        after = self._render(anchor + new)
+        seen = before + reply_text
+        return after[len(seen) :] if after.startswith(seen) else None
 
     @staticmethod
     def action_text(tokenizer, generated_ids) -> str:

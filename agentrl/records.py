@@ -34,6 +34,8 @@ class Turn:
         generate_seconds: wall time of the engine call this turn was part of, divided by its batch size.
         env_seconds: wall time of `env.step`.
         routed_experts: MoE experts the engine chose, ``[len(prompt_ids) + len(generated_ids) - 1, L, K]``, or None.
+        roundtrip_drift: ``""`` when re-tokenizing the decoded reply in its context gives back `generated_ids`, else
+            the kind of drift (``merge``, ``end_whitespace``, ``split_utf8``; see `agentrl.roundtrip`).
     """
 
     prompt_ids: tuple[int, ...]
@@ -47,6 +49,7 @@ class Turn:
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
     routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
+    roundtrip_drift: str = ""
 
     def __post_init__(self):
         if len(self.generated_ids) != len(self.rollout_logprobs):

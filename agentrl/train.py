@@ -17,10 +17,11 @@ batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,8 +33,9 @@ from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
 from agentrl.records import Sample, save_trajectories
-from agentrl.rollout import collect_trajectories
+from agentrl.routing_replay import RoutingReplay, pack_routes, router_agreement
 from agentrl.samples import trajectory_to_samples
+from agentrl.scheduler import RolloutScheduler, staleness_metrics
 
 __all__ = ["train", "TrainingError", "sequence_logprobs"]
 
@@ -80,6 +82,22 @@ def sequence_logprobs(model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
     logp = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T]
     entropy = token_entropy(logits.detach()) if with_entropy else None
     return logp, entropy
+
+
+def _moe_router(model: torch.nn.Module):
+    """A `RoutingReplay` over the model's MoE routers, or None for a dense model."""
+    try:
+        return RoutingReplay(model)
+    except ValueError:
+        return None
+
+
+def _rollout_routes(chunk: list[Sample], mb: MicroBatch) -> torch.Tensor:
+    """The experts the inference engine chose, packed for a right-padded micro-batch `[n, S, L, K]`."""
+    missing = [i for i, s in enumerate(chunk) if s.routed_experts is None]
+    if missing:
+        raise TrainingError("R3 routing replay needs rollout routes, but the engine returned none for some samples")
+    return pack_routes([torch.as_tensor(s.routed_experts) for s in chunk], [0] * len(chunk), mb.input_ids.shape[1])
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -182,7 +200,13 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
     (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     model, tokenizer = policy.model, policy.tokenizer
     model.train()
-    engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size)
+    router = _moe_router(model)  # None for dense models
+    if cfg.loss.routing_replay not in ("none", "r2", "r3"):
+        raise TrainingError(f"unknown routing_replay {cfg.loss.routing_replay!r}; choose none, r2 or r3")
+    if cfg.loss.routing_replay != "none" and router is None:
+        raise TrainingError(f"routing_replay={cfg.loss.routing_replay!r} needs an MoE model; {cfg.model} is dense")
+    # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
+    engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size, capture_routes=router is not None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
     if resume:
@@ -191,29 +215,47 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
     chat_kwargs = {} if cfg.rollout.enable_thinking is None else {"enable_thinking": cfg.rollout.enable_thinking}
-    (out / "sampling.json").write_text(json.dumps(sampling.__dict__ | {"chat_kwargs": chat_kwargs}, default=list))
+    # The settings this run trains with, beside the model's official ones: `agentrl eval` shows both.
+    (out / "sampling.json").write_text(json.dumps(
+        sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
+        default=list))
     pad_id = engine.pad_id
     shuffle = torch.Generator().manual_seed(cfg.seed)
     metrics_file = out / "metrics.jsonl"
     R, L = cfg.rollout, cfg.loss
 
+    # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.scheduler).
+    scheduler = RolloutScheduler(
+        cfg.env.id, cfg.env.kwargs, engine, model, tokenizer,
+        seeds_for_step=lambda s: [cfg.env.seed_offset + s * R.prompts_per_step + i for i in range(R.prompts_per_step)],
+        sampling_for_step=lambda s: sampling if sampling.seed is None else replace(sampling, seed=cfg.seed + s),
+        group_size=R.group_size, runners=R.runners, runner_actors=R.runner_actors, ray_address=R.ray_address,
+        step_timeout=R.step_timeout, max_episode_retries=R.max_episode_retries, sync_every=R.sync_every,
+        async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step,
+        rollout_kwargs=dict(
+            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
+            context_options={"family": R.chat_family or None, "family_hint": policy.family,
+                             "observation_role": R.observation_role, "recap_actions": R.recap_actions},
+            max_new_tokens_by_turn=R.max_new_tokens_by_turn,
+        ),
+        interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
+        progress=lambda fields: bar.set_postfix(fields) if progress else None,
+    )
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not progress,
                desc=f"{spec.id} x {cfg.model}", unit="step")
     for step in bar:
         t_start = time.perf_counter()
-        engine.sync_weights(model, policy_version=step)
 
-        # 1. Rollout.
-        seeds = [cfg.env.seed_offset + step * R.prompts_per_step + i for i in range(R.prompts_per_step)]
-        trajectories = collect_trajectories(
-            lambda: agentrl.make(cfg.env.id, **cfg.env.kwargs), cfg.env.id, seeds, R.group_size, engine, tokenizer,
-            sampling if sampling.seed is None else SamplingParams(**{**sampling.__dict__, "seed": cfg.seed + step}),
-            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, policy_version=step,
-            chat_kwargs=chat_kwargs,
-        )
+        # 1. Rollout (complete groups only: a group whose env kept failing is dropped whole and counted).
+        rollout = scheduler.rollout(step)
+        trajectories = rollout.trajectories
         t_rollout = time.perf_counter() - t_start
         if cfg.save_trajectories:
             save_trajectories(trajectories, out / "trajectories.jsonl")
+        if not trajectories:
+            bar.write(f"step {step}: no complete group ({rollout.stats.dropped_groups} dropped); "
+                      f"last failure: {rollout.stats.failures[-1] if rollout.stats.failures else 'none'}")
+            continue
 
         # 2. Advantages, within each group of episodes of the same task.
         rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
@@ -227,12 +269,28 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
         sample_groups = torch.tensor([s.group_id for s in samples])
 
         # 4. pi_old: the training model's log-probs of the sampled tokens, and the entropy, before any update.
+        #    MoE: R3 replays the rollout's experts here too (pi_old(.|e_mu)); otherwise the training router's own
+        #    choices are recorded, for R2 to replay in the updates and to measure agreement with the rollout's.
         old_logp: list[torch.Tensor] = []
-        entropy_sum, entropy_tokens = 0.0, 0.0
+        train_routes: list[torch.Tensor | None] = []
+        entropy_sum, entropy_tokens, agree_sum, agree_n = 0.0, 0.0, 0.0, 0
         with torch.no_grad():
             for chunk in _chunks(samples, L.micro_batch_size):
                 mb = collate(chunk, pad_id)
-                logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                if router is None:
+                    logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                elif L.routing_replay == "r3":
+                    with router.replay(_rollout_routes(chunk, mb)):
+                        logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                else:
+                    with router.record() as recording:
+                        logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                    routes = recording.routes  # [n, S, L, K]
+                    train_routes += [routes[i, : len(s.input_ids) - 1] for i, s in enumerate(chunk)]
+                    if all(s.routed_experts is not None for s in chunk):
+                        rollout = _rollout_routes(chunk, mb)  # [n, S, L, K], -1 on padding
+                        agree_sum += router_agreement(rollout, routes.to(rollout.dtype)) * len(chunk)
+                        agree_n += len(chunk)
                 old_logp += [row for row in logp]
                 entropy_sum += float((ent * mb.loss_mask).sum())
                 entropy_tokens += float(mb.loss_mask.sum())
@@ -249,19 +307,30 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
                 width = mb.loss_mask.shape[1]
                 mb_old = torch.stack([torch.nn.functional.pad(old_logp[i], (0, width - len(old_logp[i])))
                                       for i in chunk_idx])  # [n, T]
-                logp, _ = sequence_logprobs(model, mb)
-                loss, m = policy_loss(L.name, logp, mb_old, mb.rollout_logp, mb.advantages, mb.loss_mask,
-                                      num_sequences=len(members), num_tokens=num_tokens, **L.options)
-                if not torch.isfinite(loss):
-                    bad = out / f"bad_batch_step{step}.pt"
-                    torch.save({"samples": [samples[i] for i in chunk_idx], "logp": logp.detach(),
-                                "old_logp": mb_old, "metrics": m}, bad)
-                    raise TrainingError(f"non-finite loss ({loss.item()}) at step {step}; the batch is saved in {bad}")
-                loss.backward()
+                chunk = [samples[i] for i in chunk_idx]
+                if L.routing_replay == "r3":
+                    replay = router.replay(_rollout_routes(chunk, mb))
+                elif L.routing_replay == "r2":
+                    replay = router.replay(pack_routes([train_routes[i] for i in chunk_idx], [0] * len(chunk_idx),
+                                                       mb.input_ids.shape[1]))
+                else:
+                    replay = contextlib.nullcontext()
+                with replay:  # the backward runs inside too: gradient checkpointing recomputes the routing
+                    logp, _ = sequence_logprobs(model, mb)
+                    loss, m = policy_loss(L.name, logp, mb_old, mb.rollout_logp, mb.advantages, mb.loss_mask,
+                                          num_sequences=len(members), num_tokens=num_tokens, **L.options)
+                    if not torch.isfinite(loss):
+                        bad = out / f"bad_batch_step{step}.pt"
+                        torch.save({"samples": chunk, "logp": logp.detach(), "old_logp": mb_old, "metrics": m}, bad)
+                        raise TrainingError(
+                            f"non-finite loss ({loss.item()}) at step {step}; the batch is saved in {bad}")
+                    loss.backward()
                 loss_rows.append((float(mb.loss_mask.sum()), m))
             if cfg.optim.grad_clip > 0:
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)))
             optimizer.step()
+
+        scheduler.updated(step)  # async mode: the engine samples from the new weights from now on
 
         # 6. Metrics, guard, checkpoint.
         turns = [t for traj in trajectories for t in traj.turns]
@@ -275,11 +344,15 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
             **{k: v for k, v in _weighted_mean(loss_rows).items()},
             "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "samples": len(samples),
+            "router_agreement": agree_sum / agree_n if agree_n else None,
             "prefix_breaks": sum(t.new_segment for t in turns),
+            "roundtrip_mismatch_rate": sum(bool(t.roundtrip_drift) for t in turns) / max(len(turns), 1),
             "truncated_frac": sum(t.truncated for t in trajectories) / len(trajectories),
             "rollout_seconds": t_rollout,
             "step_seconds": time.perf_counter() - t_start,
         }
+        metrics |= rollout.stats.metrics() | staleness_metrics(step, trajectories)
+        metrics["stale_groups_evicted"] = float(scheduler.buffer.evicted)
         with open(metrics_file, "a") as f:
             f.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                                 for k, v in metrics.items()}) + "\n")
@@ -299,5 +372,6 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
                 plot_curves(metrics_file, out / "curves.png")
                 raise TrainingError(f"collapse guard stopped the run at step {step}: {verdict.reason}")
     bar.close()
+    scheduler.close()
     plot_curves(metrics_file, out / "curves.png")
     return out

@@ -17,9 +17,10 @@ import threading
 import time
 from pathlib import Path
 
-from agentrl.envs.math import MathEnv, answers_match, load_problems
 from math_verify import parse, verify
 from tqdm import tqdm
+
+from agentrl.envs.math import MathEnv, answers_match, load_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_TEST = ROOT / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from agentrl.envs.math import answers_match, equivalence, extract, extract_answer
 
 

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from agentrl.envs.math import ANSWER_INSTRUCTION, MathEnv, MathProblemSet
 from gymnasium.utils.env_checker import check_env
 
 from agentrl.core import TextSpace
+from agentrl.envs.math import ANSWER_INSTRUCTION, MathEnv, MathProblemSet
 from agentrl.registry import make
 
 GSM8K_TEST = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from agentrl.envs.math import Problem, generate_problem, generator, load_problems
 from agentrl.envs.math.generator import split_of
 

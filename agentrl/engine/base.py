@@ -13,7 +13,7 @@ __all__ = ["SamplingParams", "Generation", "InferenceEngine"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. Processing order per step: temperature, then top-k, then top-p, then min-p.
+    """How to sample. Processing order per step: penalties, temperature, then top-k, then top-p, then min-p.
 
     Attributes:
         temperature: logits are divided by it; 0 means greedy (logprobs are then those of the untempered softmax).
@@ -23,6 +23,10 @@ class SamplingParams:
         max_new_tokens: per call (per turn).
         stop: strings that end a generation; the text up to and including the stop string is kept.
         seed: seeds the sampler; the same seed and prompts give the same tokens.
+        repetition_penalty: transformers / vLLM semantics: logits of tokens already in the prompt or the output
+            are divided by it when positive, multiplied when negative (1.0 = off). Applied before temperature.
+        presence_penalty: subtracted from the logits of tokens the output already contains (0 = off; OpenAI / vLLM).
+        frequency_penalty: subtracted once per earlier occurrence in the output (0 = off; OpenAI / vLLM).
     """
 
     temperature: float = 1.0
@@ -32,6 +36,14 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when a repetition, presence or frequency penalty is on (the engine then tracks token counts)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -40,6 +52,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.max_new_tokens < 1:
             raise ValueError(f"top_k must be >= 0 and max_new_tokens >= 1, got {self.top_k}, {self.max_new_tokens}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty}")
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,49 @@ forward over left-padded prompts, then one forward per new token with the KV cac
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
 from agentrl.engine.base import Generation, SamplingParams
 
-__all__ = ["HFEngine", "process_logits"]
+__all__ = ["HFEngine", "process_logits", "apply_penalties"]
 
 
-def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, context_seen: torch.Tensor,
+                    output_counts: torch.Tensor) -> torch.Tensor:
+    """Repetition, presence and frequency penalties on raw logits `[B, V]` (vLLM semantics).
+
+    Args:
+        logits: raw next-token logits `[B, V]` (float).
+        params: the penalties to apply.
+        context_seen: `[B, V]` bool, tokens present in the prompt or the output so far (repetition penalty).
+        output_counts: `[B, V]` float, occurrences of each token in the output so far (presence / frequency).
+    """
+    if params.repetition_penalty != 1.0:
+        penalised = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
+        logits = torch.where(context_seen, penalised, logits)
+    if params.frequency_penalty != 0.0:
+        logits = logits - params.frequency_penalty * output_counts
+    if params.presence_penalty != 0.0:
+        logits = logits - params.presence_penalty * (output_counts > 0).float()
+    return logits
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, context_seen: torch.Tensor | None = None,
+                   output_counts: torch.Tensor | None = None) -> torch.Tensor:
     """Turn raw next-token logits `[B, V]` into the log-probabilities actually sampled from `[B, V]`.
 
-    Removed tokens get -inf. Order: temperature, top-k, top-p, min-p (the transformers / vLLM order).
+    Removed tokens get -inf. Order: penalties (when `params` has any, given `context_seen` and `output_counts`, see
+    `apply_penalties`), temperature, top-k, top-p, min-p (the transformers / vLLM order). Because penalties are
+    applied here, the returned log-probabilities stay those of the distribution the token was really drawn from.
     """
     logits = logits.float()
+    if params.has_penalties:
+        if context_seen is None or output_counts is None:
+            raise ValueError("sampling penalties need the context_seen and output_counts token statistics")
+        logits = apply_penalties(logits, params, context_seen, output_counts)
     if params.temperature == 0:
         return torch.log_softmax(logits, dim=-1)
     logits = logits / params.temperature
@@ -63,6 +91,11 @@ class HFEngine:
         same_dtype = dtype is None or dtype == next(model.parameters()).dtype
         self.model = model if same_dtype else copy.deepcopy(model).to(dtype)
         self.capture_routes = capture_routes
+        self._router = None
+        if capture_routes:
+            from agentrl.routing_replay import RoutingReplay
+
+            self._router = RoutingReplay(self.model)  # raises a clear error for a dense model
         self.policy_version = 0
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -93,11 +126,28 @@ class HFEngine:
         try:
             for start in range(0, len(order), self.batch_size):
                 idx = order[start : start + self.batch_size]
-                for i, gen in zip(idx, self._generate_batch([prompts[i] for i in idx], params, generator)):
+                batch_prompts = [prompts[i] for i in idx]
+                if self._router is None:
+                    gens = self._generate_batch(batch_prompts, params, generator)
+                else:
+                    gens = self._generate_batch_with_routes(batch_prompts, params, generator)
+                for i, gen in zip(idx, gens):
                     results[i] = gen
         finally:
             self.model.train(was_training)
         return results  # type: ignore[return-value]
+
+    def _generate_batch_with_routes(self, prompts: list[Sequence[int]], params: SamplingParams,
+                                    generator) -> list[Generation]:
+        """`_generate_batch`, recording the experts every MoE layer chose at every position (for R3)."""
+        with self._router.record_generation() as recording:
+            gens = self._generate_batch(prompts, params, generator)
+        width = max(len(p) for p in prompts)
+        prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            prompt_mask[row, width - len(p) :] = 1
+        routes = recording.per_sample(prompt_mask, [len(g.token_ids) for g in gens])  # [P_i + G_i - 1, L, K] each
+        return [dataclasses.replace(g, routed_experts=r.numpy()) for g, r in zip(gens, routes)]
 
     def _generate_batch(self, prompts: list[Sequence[int]], params: SamplingParams, generator) -> list[Generation]:
         device = next(self.model.parameters()).device
@@ -116,13 +166,24 @@ class HFEngine:
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         finish: list[str | None] = [None] * batch
         last_pos = positions[:, -1:]
+        seen = counts = None
+        if params.has_penalties:  # token statistics for the penalties, only paid for when one is on
+            vocab = next_logits.shape[-1]
+            seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)  # [B, V]
+            for row, p in enumerate(prompts):  # prompt tokens only (never the padding)
+                seen[row, torch.tensor(list(p), dtype=torch.long, device=device)] = True
+            counts = torch.zeros((batch, vocab), dtype=torch.float32, device=device)  # [B, V]
         for _ in range(params.max_new_tokens):
-            logp = process_logits(next_logits, params)  # [B, V]
+            logp = process_logits(next_logits, params, seen, counts)  # [B, V]
             if params.temperature == 0:
                 nxt = logp.argmax(-1)
             else:
                 nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(device)
             chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
+            if counts is not None:
+                live = torch.tensor([f is None for f in finish], device=device)  # [B]
+                counts[live, nxt[live]] += 1
+                seen[live, nxt[live]] = True
             for row, (tok, lp) in enumerate(zip(nxt.tolist(), chosen)):
                 if finish[row] is not None:
                     continue

@@ -1,0 +1,509 @@
+"""`agentrl eval`: score a model or checkpoint on an env at the model's official sampling settings.
+
+Practitioners' advice (see ``shared/docs/background``): train at temperature 1, evaluate at the settings the model's
+authors publish. Most frameworks evaluate greedily or at whatever temperature they trained with; here the default is
+the model's own ``generation_config.json`` (temperature, top_p, top_k, min_p, repetition / presence / frequency
+penalty) plus its family's documented thinking mode, and every flag that overrides one is recorded. The settings
+actually used, with where each came from, are printed and saved in ``results.json``.
+
+Choices, and why:
+    * Tasks are env seeds ``seed_offset, seed_offset + 1, ...`` with ``seed_offset = 1_000_000`` by default, while
+      training draws seeds ``0, 1, 2, ...`` (`EnvConfig.seed_offset` + step x prompts_per_step). Where the env has a
+      ``split`` argument (math, alfworld, webshop) the held-out split is used as well (``--split test``; ALFWorld
+      calls its out-of-distribution evaluation set ``valid_unseen``), so eval tasks are disjoint from training tasks
+      twice over; an env without splits (gui) still never replays a training seed below one million tasks.
+    * Each task is played n = ``samples_per_task`` times (default: the largest k asked for), which is what the
+      unbiased pass@k estimator needs. Success rate and mean reward use all n x tasks episodes.
+    * Sampling defaults follow vLLM's reading of ``generation_config.json``: a key that is absent means "off"
+      (temperature 1, top_p 1, no top-k); ``do_sample: false`` means greedy, as in transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentrl.engine.base import SamplingParams
+from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, wilson_interval
+from agentrl.records import Trajectory, save_trajectories
+
+__all__ = [
+    "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
+    "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling", "task_counts",
+]
+
+EVAL_SEED_OFFSET = 1_000_000
+"""First eval task seed: far above the seeds training draws (0, 1, 2, ...)."""
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty")
+"""The generation_config.json keys that set sampling (vLLM reads the same ones)."""
+
+_NEUTRAL: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                              "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+# Sampling keys of transformers' GenerationConfig that our engine has no equivalent for, with their "off" value:
+# reported as ignored when a model sets them, never dropped silently.
+_UNSUPPORTED: dict[str, Any] = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "no_repeat_ngram_size": 0,
+                                "num_beams": 1, "top_a": 0.0, "top_n_sigma": None, "dry_multiplier": 0.0}
+
+# ALFWorld names its held-out sets valid_seen / valid_unseen; "unseen" is the one papers report as the test set.
+SPLIT_ALIASES: dict[str, dict[str, str]] = {"alfworld": {"test": "valid_unseen"}}
+
+
+class EvalError(ValueError):
+    """Bad evaluation input (unknown split, k larger than the samples per task, ...); the message says which."""
+
+
+@dataclass(frozen=True)
+class ThinkingMode:
+    """A model family's documented thinking mode.
+
+    Attributes:
+        default_on: whether the family thinks unless told otherwise (its chat template's default).
+        off_sampling: the settings its model card asks for with thinking off (generation_config.json holds the
+            thinking-mode ones).
+        source: where these come from, recorded with the results.
+    """
+
+    default_on: bool
+    off_sampling: Mapping[str, float]
+    source: str
+
+
+THINKING_MODES: dict[str, ThinkingMode] = {
+    # Qwen3 model cards: thinking (the default, generation_config.json) T=0.6, top_p=0.95, top_k=20, min_p=0;
+    # non-thinking T=0.7, top_p=0.8, top_k=20, min_p=0.
+    "qwen3": ThinkingMode(default_on=True, off_sampling={"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0},
+                          source="Qwen3 model card, non-thinking mode"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedSampling:
+    """The sampling settings an evaluation uses and where each one came from.
+
+    Attributes:
+        params: what the engine receives.
+        chat_kwargs: chat-template variables (``enable_thinking``).
+        sources: per setting (and ``thinking``): ``generation_config.json``, ``flag``, ``default (off)``, ...
+        ignored: settings the model asks for that the engine cannot apply, e.g. ``typical_p=0.9``.
+    """
+
+    params: SamplingParams
+    chat_kwargs: Mapping[str, Any]
+    sources: Mapping[str, str]
+    ignored: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for results.json."""
+        values = {k: getattr(self.params, k) for k in (*SAMPLING_KEYS, "max_new_tokens", "seed")}
+        return {**values, "chat_kwargs": dict(self.chat_kwargs), "sources": dict(self.sources),
+                "ignored": list(self.ignored)}
+
+
+def _number(key: str, value: Any) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EvalError(f"generation_config.json: {key} must be a number, got {value!r}")
+    return int(value) if key == "top_k" else float(value)
+
+
+def official_sampling(generation_config: Mapping[str, Any], family: str, *, thinking: bool | None = None,
+                      thinking_source: str = "flag", overrides: Mapping[str, Any] | None = None,
+                      max_new_tokens: int = 256, seed: int | None = 0) -> ResolvedSampling:
+    """Resolve the sampling settings: the model's generation_config, its family's thinking mode, then flags.
+
+    Args:
+        generation_config: the model's ``generation_config.json`` (`LoadedModel.generation_config`).
+        family: the chat-template family (`LoadedModel.family`), for the thinking-mode rules.
+        thinking: force thinking on or off; None takes the family's default.
+        thinking_source: how to label a `thinking` that is not None (``flag``, ``training run``).
+        overrides: settings given on the command line (None values are skipped).
+        max_new_tokens: per turn.
+        seed: sampler seed.
+
+    Raises:
+        EvalError: a setting of the wrong type or out of range, naming it.
+    """
+    values = dict(_NEUTRAL)
+    sources = {k: "default (off)" for k in SAMPLING_KEYS}
+    for key in SAMPLING_KEYS:
+        if generation_config.get(key) is not None:
+            values[key] = _number(key, generation_config[key])
+            sources[key] = "generation_config.json"
+    if values["top_k"] < 0:  # vLLM spells "no top-k" -1
+        values["top_k"] = 0
+    if generation_config.get("do_sample") is False:
+        values["temperature"] = 0.0
+        sources["temperature"] = "generation_config.json (do_sample: false, greedy)"
+
+    mode = THINKING_MODES.get(family)
+    if thinking is None:
+        thinking = mode.default_on if mode else None
+        sources["thinking"] = f"{family} default" if mode else f"{family} has no thinking mode"
+    else:
+        sources["thinking"] = thinking_source
+    if mode is not None and thinking is False:
+        for key, value in mode.off_sampling.items():
+            values[key] = value
+            sources[key] = mode.source
+
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in _NEUTRAL:
+            raise EvalError(f"unknown sampling setting {key!r}; known: {', '.join(SAMPLING_KEYS)}")
+        values[key] = _number(key, value)
+        sources[key] = "flag"
+
+    ignored = [f"{k}={generation_config[k]}" for k, off in _UNSUPPORTED.items()
+               if generation_config.get(k) not in (None, off)]
+    supported = {f.name for f in fields(SamplingParams)}
+    ignored += [f"{k}={values.pop(k)}" for k in list(values) if k not in supported]
+    try:
+        params = SamplingParams(**values, max_new_tokens=max_new_tokens, seed=seed)
+    except ValueError as e:
+        raise EvalError(f"bad sampling setting: {e}") from None
+    chat_kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    return ResolvedSampling(params, chat_kwargs, sources, tuple(ignored))
+
+
+def training_sampling(model: str) -> dict[str, Any] | None:
+    """The sampling a checkpoint was trained with: ``RUN/sampling.json`` when `model` is ``RUN/checkpoint``."""
+    path = Path(model).expanduser()
+    saved = path.parent / "sampling.json"
+    if path.is_dir() and (path / "trainer_state.json").exists() and saved.exists():
+        try:
+            return json.loads(saved.read_text())
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mapping[str, Any],
+                  split: str | None) -> tuple[dict[str, Any], str | None]:
+    """Add the eval split to the env kwargs where the env takes one.
+
+    Args:
+        env_id: registry id (for the alias table and messages).
+        env_class: the env class or factory (its signature tells whether it has a ``split`` argument).
+        env_kwargs: kwargs from ``--env-arg``; an explicit ``split`` there wins.
+        split: ``--split``; None means the default, ``test``.
+
+    Returns:
+        (kwargs for `make`, the split used or None when the env has no splits).
+    """
+    kwargs = dict(env_kwargs)
+    try:
+        takes_split = "split" in inspect.signature(env_class).parameters
+    except (TypeError, ValueError):  # builtins / C factories: assume no splits
+        takes_split = False
+    if "split" in kwargs:
+        return kwargs, str(kwargs["split"])
+    if not takes_split:
+        if split is not None:
+            raise EvalError(f"env {env_id!r} has no splits, so --split {split!r} cannot apply; drop --split "
+                            f"(eval seeds start at {EVAL_SEED_OFFSET:,} to stay clear of training seeds)")
+        return kwargs, None
+    wanted = split or "test"
+    kwargs["split"] = SPLIT_ALIASES.get(env_id, {}).get(wanted, wanted)
+    return kwargs, kwargs["split"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `agentrl eval` runs.
+
+    Attributes:
+        env_id: registry id.
+        model: built-in name, local folder (a run's ``checkpoint/``) or hub id.
+        split: held-out split; None = ``test`` where the env has splits.
+        episodes: tasks (env seeds) to evaluate.
+        ks: the k of pass@k to report.
+        samples_per_task: episodes per task (n of pass@k); None = max(ks).
+        env_kwargs: env constructor arguments.
+        max_turns: model calls per episode (envs with their own step budget end sooner).
+        max_new_tokens: per turn.
+        max_context_tokens: an episode whose prompt grows past this is truncated.
+        seed_offset: first task seed.
+        seed: sampler seed (the same seed gives the same results).
+        engine_batch_size: prompts per forward pass.
+        thinking: force thinking on / off; None = the family default (or what the checkpoint trained with).
+        sampling_overrides: flags overriding the official settings, e.g. ``{"temperature": 1.0}``.
+        output: folder for results.json, report.html and trajectories.jsonl.
+        confidence: level of every interval.
+        transcripts: sampled episodes shown in the report.
+    """
+
+    env_id: str
+    model: str
+    split: str | None = None
+    episodes: int = 32
+    ks: tuple[int, ...] = (1,)
+    samples_per_task: int | None = None
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    max_turns: int = 20
+    max_new_tokens: int = 256
+    max_context_tokens: int = 4096
+    seed_offset: int = EVAL_SEED_OFFSET
+    seed: int = 0
+    engine_batch_size: int = 32
+    thinking: bool | None = None
+    sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
+    output: str = "runs/eval"
+    confidence: float = 0.95
+    transcripts: int = 6
+
+    @property
+    def n(self) -> int:
+        """Samples per task."""
+        return self.samples_per_task if self.samples_per_task is not None else max(self.ks)
+
+    def validate(self) -> None:
+        """Raise `EvalError` naming the first bad field."""
+        if self.episodes < 1:
+            raise EvalError(f"--episodes must be >= 1, got {self.episodes}")
+        if not self.ks or min(self.ks) < 1:
+            raise EvalError(f"--k must list positive integers, got {list(self.ks)}")
+        if self.n < max(self.ks):
+            raise EvalError(f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task, "
+                            f"got --samples-per-task {self.n}")
+        if self.max_turns < 1 or self.max_new_tokens < 1:
+            raise EvalError(f"--max-turns and --max-new-tokens must be >= 1, got {self.max_turns}, "
+                            f"{self.max_new_tokens}")
+        if not 0 < self.confidence < 1:
+            raise EvalError(f"confidence must be in (0, 1), got {self.confidence}")
+
+
+def _episode_row(traj: Trajectory) -> dict[str, Any]:
+    return {
+        "task": traj.group_id, "seed": traj.seed, "task_type": traj.task_type or "all", "success": traj.success,
+        "reward": traj.total_return, "turns": len(traj.turns), "tokens": traj.num_generated_tokens,
+        "truncated": traj.truncated, "length_cut_turns": sum(t.finish_reason == "length" for t in traj.turns),
+    }
+
+
+def task_counts(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """Per task, in task order: (episodes n, successes c)."""
+    counts: dict[int, list[int]] = {}
+    for r in rows:
+        nc = counts.setdefault(r["task"], [0, 0])
+        nc[0] += 1
+        nc[1] += int(r["success"])
+    return [(n, c) for _, (n, c) in sorted(counts.items())]
+
+
+def _block(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: float) -> dict[str, Any]:
+    """All metrics of a set of episodes (the whole eval, or one task type)."""
+    counts = task_counts(rows)
+    n_min = min(n for n, _ in counts)
+    rewards = np.array([r["reward"] for r in rows], dtype=float)
+    return {
+        "episodes": len(rows),
+        "tasks": len(counts),
+        "success_rate": wilson_interval(sum(bool(r["success"]) for r in rows), len(rows), confidence).to_dict(),
+        "reward_mean": mean_interval(rewards, confidence).to_dict(),
+        "reward_std": float(rewards.std(ddof=1)) if len(rows) > 1 else 0.0,
+        "pass_at_k": {str(k): bootstrap_pass_at_k(counts, k, confidence).to_dict() for k in ks if k <= n_min},
+        "turns_mean": mean_interval([r["turns"] for r in rows], confidence).to_dict(),
+        "tokens_mean": mean_interval([r["tokens"] for r in rows], confidence).to_dict(),
+        "truncated_frac": sum(bool(r["truncated"]) for r in rows) / len(rows),
+    }
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: float = 0.95) -> dict[str, Any]:
+    """Metrics overall and by task type, from per-episode rows (see `results.json` ``episodes``).
+
+    Returns:
+        ``{"overall": {...}, "by_task_type": {type: {...}}, "pass_at_k_curve": [{"k": 1, ...}, ...]}``. The curve
+        runs k = 1..n over all tasks, for the report's plot.
+    """
+    if not rows:
+        raise EvalError("no episodes to summarize")
+    by_type: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        by_type.setdefault(r["task_type"], []).append(r)
+    counts = task_counts(rows)
+    n_min = min(n for n, _ in counts)
+    curve = [{"k": k, **bootstrap_pass_at_k(counts, k, confidence).to_dict()} for k in range(1, n_min + 1)]
+    return {
+        "overall": _block(rows, ks, confidence),
+        "by_task_type": {t: _block(rs, ks, confidence) for t, rs in sorted(by_type.items())},
+        "pass_at_k_curve": curve,
+    }
+
+
+def _transcripts(trajectories: Sequence[Trajectory], tokenizer, count: int, limit: int = 3000) -> list[dict]:
+    """A few episodes for the report: half successes, half failures (the first ones, so the pick is stable)."""
+    if count <= 0:
+        return []
+    wins = [t for t in trajectories if t.success][: (count + 1) // 2]
+    losses = [t for t in trajectories if not t.success][: count - len(wins)]
+    picked = sorted(wins + losses, key=lambda t: (t.group_id, t.seed))
+    out = []
+    for traj in picked:
+        out.append({
+            "task": traj.group_id, "seed": traj.seed, "task_type": traj.task_type, "success": traj.success,
+            "reward": traj.total_return, "first_observation": traj.first_observation[:limit],
+            "turns": [{"reply": tokenizer.decode(list(t.generated_ids), skip_special_tokens=True)[:limit],
+                       "action": t.action[:limit], "observation": t.observation[:limit], "reward": t.reward,
+                       "finish_reason": t.finish_reason, "tokens": len(t.generated_ids)} for t in traj.turns],
+        })
+    return out
+
+
+def _print_settings(console, resolved: ResolvedSampling, trained: Mapping[str, Any] | None) -> None:
+    from rich.table import Table
+
+    table = Table(title="sampling settings used", title_justify="left")
+    table.add_column("setting")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    if trained:
+        table.add_column("trained with", justify="right")
+    for key in (*SAMPLING_KEYS, "max_new_tokens"):
+        if not hasattr(resolved.params, key):
+            continue
+        row = [key, f"{getattr(resolved.params, key):g}", resolved.sources.get(key, "flag")]
+        if trained:
+            row.append(f"{trained[key]:g}" if isinstance(trained.get(key), (int, float)) else "-")
+        table.add_row(*row)
+    thinking = resolved.chat_kwargs.get("enable_thinking", "n/a")
+    row = ["thinking", str(thinking), resolved.sources.get("thinking", "")]
+    if trained:
+        row.append(str(trained.get("chat_kwargs", {}).get("enable_thinking", "template default")))
+    table.add_row(*row)
+    console.print(table)
+    if resolved.ignored:
+        console.print(f"[yellow]ignored (the engine cannot apply them):[/] {', '.join(resolved.ignored)}")
+
+
+def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[str, Any]:
+    """Run the evaluation; write ``results.json``, ``report.html`` and ``trajectories.jsonl`` to `cfg.output`.
+
+    Returns:
+        The results, as saved in results.json.
+
+    Raises:
+        EvalError: bad config, env arguments or sampling settings.
+        agentrl.UnknownEnvError, agentrl.models.UnknownModelError: unknown env or model.
+    """
+    import torch
+    from rich.console import Console
+    from tqdm import tqdm
+
+    import agentrl
+    from agentrl.engine.hf import HFEngine
+    from agentrl.models import load_model
+    from agentrl.report import write_report
+    from agentrl.rollout import collect_trajectories
+
+    console = console or Console()
+    cfg.validate()
+    spec = agentrl.spec(cfg.env_id)
+    env_kwargs, split = resolve_split(cfg.env_id, spec.load(), cfg.env_kwargs, cfg.split)
+    try:
+        agentrl.make(cfg.env_id, **env_kwargs).close()
+    except (TypeError, ValueError) as e:
+        raise EvalError(f"bad arguments for env {cfg.env_id!r} {env_kwargs}: {e}") from None
+
+    policy = load_model(cfg.model)
+    policy.model.eval()
+    trained = training_sampling(cfg.model)
+    thinking, thinking_source = cfg.thinking, "flag"
+    if thinking is None and trained and "enable_thinking" in trained.get("chat_kwargs", {}):
+        thinking, thinking_source = trained["chat_kwargs"]["enable_thinking"], "training run (sampling.json)"
+    resolved = official_sampling(policy.generation_config, policy.family, thinking=thinking,
+                                 thinking_source=thinking_source, overrides=cfg.sampling_overrides,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    _print_settings(console, resolved, trained)
+
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    engine = HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size)
+    seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]
+    # Chunks of whole tasks keep memory bounded and the progress bar moving; each chunk fills the engine twice over.
+    tasks_per_chunk = max(1, (2 * cfg.engine_batch_size) // cfg.n)
+    trajectories: list[Trajectory] = []
+    start = time.perf_counter()
+    bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
+               desc=f"eval {cfg.env_id} x {policy.name}")
+    for chunk_index, first in enumerate(range(0, len(seeds), tasks_per_chunk)):
+        chunk = seeds[first : first + tasks_per_chunk]
+        params = resolved.params if resolved.params.seed is None else replace(
+            resolved.params, seed=resolved.params.seed + 100_003 * chunk_index)
+        done_before = bar.n
+        got = collect_trajectories(
+            lambda: agentrl.make(cfg.env_id, **env_kwargs), cfg.env_id, chunk, cfg.n, engine, policy.tokenizer,
+            params, max_turns=cfg.max_turns, max_context_tokens=cfg.max_context_tokens,
+            chat_kwargs=dict(resolved.chat_kwargs),
+            on_turn=lambda finished, _total, base=done_before: bar.update(base + finished - bar.n),
+        )
+        trajectories += [replace(t, group_id=first + t.group_id) for t in got]
+        bar.update(done_before + len(got) - bar.n)
+    bar.close()
+    seconds = time.perf_counter() - start
+    save_trajectories(trajectories, out / "trajectories.jsonl", append=False)
+
+    rows = [_episode_row(t) for t in trajectories]
+    summary = summarize(rows, cfg.ks, cfg.confidence)
+    results = {
+        "agentrl_version": getattr(agentrl, "__version__", ""),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "env": {"id": cfg.env_id, "kwargs": env_kwargs, "split": split},
+        "model": {"name": cfg.model, "family": policy.family, "generation_config": policy.generation_config},
+        "tasks": {"seed_offset": cfg.seed_offset, "episodes": cfg.episodes, "samples_per_task": cfg.n,
+                  "ks": list(cfg.ks), "max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens},
+        "sampling": resolved.to_dict(),
+        "trained_with": trained,
+        "confidence": cfg.confidence,
+        **summary,
+        "timing": {"seconds": seconds, "episodes_per_second": len(rows) / seconds if seconds > 0 else None},
+        "episodes": rows,
+        "transcripts": _transcripts(trajectories, policy.tokenizer, cfg.transcripts),
+    }
+    (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1))
+    write_report(results, out / "report.html")
+    return results
+
+
+def _json_safe(value: Any) -> Any:
+    """Replace NaN / infinity by None everywhere (strict JSON, readable by jq and browsers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def load_results(folder: str | Path) -> dict[str, Any]:
+    """Read ``folder/results.json`` written by `evaluate`; raises `EvalError` naming the problem."""
+    path = Path(folder)
+    path = path / "results.json" if path.is_dir() else path
+    if not path.exists():
+        raise EvalError(f"{path}: not found (is {folder} an `agentrl eval --output` folder?)")
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EvalError(f"{path}: not valid JSON ({e})") from None
+    missing = [k for k in ("overall", "episodes", "sampling", "env") if k not in results]
+    if missing:
+        raise EvalError(f"{path}: not an agentrl eval result (missing {', '.join(missing)})")
+    return results
+
+
+def interval(block: Mapping[str, Any], key: str) -> Interval:
+    """An `Interval` stored in a results block (e.g. ``interval(results["overall"], "success_rate")``)."""
+    return Interval.from_dict(block[key])

@@ -1,0 +1,563 @@
+"""Runner pools: where env instances live, how they step, and what happens when one of them fails.
+
+A pool offers `slots`: each slot holds one env and runs one episode at a time, so `--runners N` means N episodes
+in flight at once. The rollout loop (`agentrl.rollout`) keeps the chat context and the engine in the driver and
+only sends action text to a slot and gets an observation back: token-in/token-out never leaves the driver.
+
+Two pools share one small interface (`submit_reset`, `submit_step`, `poll`, `close`):
+
+* `LocalPool` (``--runners 0``): envs in the driver process, stepped synchronously. For debugging: a pdb
+  breakpoint in `env.step` works, and there is no Ray at all. A hanging env hangs the run (no timeout).
+* `RayPool` (``--runners N``): the N slots are spread over a few Ray actors (`EnvHost`, by default one per CPU
+  of the cluster), so 32 runners cost a handful of processes, not 32 processes of ~50 MB each. Calls are Ray
+  futures, so env steps run while the driver generates for other episodes.
+
+Shared state (the `TextEnv.shared` declaration): an env class may name a `SharedResource` subclass holding heavy
+read-only data (a catalogue, a search index, a problem file). The pool builds it ONCE in the driver and puts it in
+the Ray object store; every actor on a node then maps the same buffers (numpy arrays are read zero-copy, memory-mapped
+files stay file-backed), and every env in an actor receives that one object through `shared=`. A resource that
+cannot be pickled is built once per actor process instead. Either way it is never built or copied per runner.
+
+Threads: an `EnvHost` is an async actor; each of its slots is pinned to one worker thread, so an env is always
+stepped from the thread that created it, while envs of the same actor step concurrently (an env that waits on I/O
+does not block its neighbours). An env class whose envs must all share one thread (Playwright's sync API belongs to
+the thread that started the browser) says so with ``metadata["single_thread"] = True``; its actor then uses one
+thread for all its slots.
+
+Faults never end the run; they come back as `EnvFailure` records and the rollout loop re-runs the episode from its
+seed (see `agentrl.rollout`):
+
+* the env raises in `reset` / `step` / construction: `EnvFailure(kind="error")` with the traceback; the slot's env
+  is rebuilt on its next episode.
+* a call runs past `step_timeout`: the actor (and its stuck thread) is killed and restarted;
+  `kind="timeout"` for that call, `kind="actor_restarted"` for its neighbours in flight.
+* the actor process dies (OOM killer, segfault, kill -9): Ray restarts it; `kind="actor_died"` for its calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentrl.core import SharedResource, TextEnv
+
+__all__ = [
+    "EnvMaker", "StepResult", "EnvFailure", "Completion", "LocalPool", "RayPool", "make_pool", "start_ray",
+    "SINGLE_THREAD_KEY",
+]
+
+log = logging.getLogger(__name__)
+
+SINGLE_THREAD_KEY = "single_thread"
+"""`TextEnv.metadata` key: True when every env of the class must be stepped from one thread per process."""
+
+# Only these info keys travel back to the driver: the rollout loop needs nothing else, and an info may hold large
+# objects (screenshots) that would cost a copy per step.
+_INFO_KEYS = ("success", "task_type")
+
+
+@dataclass(frozen=True)
+class EnvMaker:
+    """How a runner builds envs: a registry id (or an explicit class / factory) and constructor kwargs.
+
+    It travels to the Ray actors, so it holds only picklable things: a registry id, or a class importable there.
+
+    Attributes:
+        env_id: registry id; recorded in trajectories.
+        kwargs: constructor keyword arguments (on top of the registered defaults).
+        entry_point: a class or factory (or ``"pkg.module:Class"``) to use instead of the registry's.
+    """
+
+    env_id: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    entry_point: Callable[..., TextEnv] | str | None = None
+
+    def resolved(self) -> EnvMaker:
+        """The same maker with the registry lookup done here, so runner processes need no entry-point metadata."""
+        if self.entry_point is not None:
+            return self
+        from agentrl.registry import spec
+
+        s = spec(self.env_id)
+        return EnvMaker(self.env_id, {**s.defaults, **self.kwargs}, entry_point=s.entry_point)
+
+    def _factory_and_kwargs(self) -> tuple[Callable[..., TextEnv], dict[str, Any]]:
+        from agentrl.registry import EnvSpec, spec
+
+        if isinstance(self.entry_point, str):
+            return EnvSpec(self.env_id, self.entry_point).load(), dict(self.kwargs)
+        if self.entry_point is not None:
+            return self.entry_point, dict(self.kwargs)
+
+        s = spec(self.env_id)
+        return s.load(), {**s.defaults, **self.kwargs}
+
+    @property
+    def shared_type(self) -> type[SharedResource] | None:
+        """The env class's `shared` declaration (None for envs without shared state, or plain factories)."""
+        factory, _ = self._factory_and_kwargs()
+        return getattr(factory, "shared", None)
+
+    @property
+    def single_thread(self) -> bool:
+        """True when the env class asks for all its envs in a process to step on one thread."""
+        factory, _ = self._factory_and_kwargs()
+        return bool(getattr(factory, "metadata", {}).get(SINGLE_THREAD_KEY, False))
+
+    def build_shared(self) -> SharedResource | None:
+        """Build the declared shared resource once (None when the env declares none, or its `build` says none)."""
+        shared_type = self.shared_type
+        if shared_type is None:
+            return None
+        _, kwargs = self._factory_and_kwargs()
+        return shared_type.build(**kwargs)
+
+    def make(self, shared: SharedResource | None = None) -> TextEnv:
+        """Create one env, handing it `shared` when there is one."""
+        factory, kwargs = self._factory_and_kwargs()
+        if shared is not None:
+            kwargs["shared"] = shared
+        return factory(**kwargs)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What an env returned from `reset` (reward 0, not done) or `step`.
+
+    Attributes:
+        observation: the text observation.
+        reward: the step's reward.
+        terminated: the task ended.
+        truncated: a budget ran out.
+        info: the `info` keys the rollout uses (``success``, ``task_type``).
+        seconds: wall time of the env call inside the runner.
+        system_prompt: the env's `system_prompt` (on `reset` results only).
+    """
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    system_prompt: str = ""
+
+
+FailureKind = Literal["error", "timeout", "actor_died", "actor_restarted"]
+
+
+@dataclass(frozen=True)
+class EnvFailure:
+    """An env call that did not return a result; its episode must be re-run from the seed.
+
+    Attributes:
+        kind: ``error`` (the env raised), ``timeout`` (ran past `step_timeout`), ``actor_died`` (the runner
+            process died), ``actor_restarted`` (a neighbour's timeout restarted the runner).
+        message: the exception and the last lines of its traceback, or what happened.
+    """
+
+    kind: FailureKind
+    message: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished call: the slot, which call it was, and its result or failure."""
+
+    slot: int
+    op: Literal["reset", "step"]
+    outcome: StepResult | EnvFailure
+
+
+def _slim_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: info[k] for k in _INFO_KEYS if k in info}
+
+
+def _failure_from(exc: BaseException, where: str) -> EnvFailure:
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:]).strip()
+    return EnvFailure("error", f"{where}: {type(exc).__name__}: {exc}\n{tail}")
+
+
+class _Slots:
+    """The envs of one process, one per slot, built lazily (shared by `LocalPool` and `EnvHost`)."""
+
+    def __init__(self, maker: EnvMaker, shared: SharedResource | None):
+        self.maker = maker
+        self.shared = shared
+        self.envs: dict[int, TextEnv] = {}
+
+    def reset(self, slot: int, seed: int, fresh: bool) -> StepResult | EnvFailure:
+        t0 = time.perf_counter()
+        try:
+            if fresh or slot not in self.envs:
+                self.close(slot)
+                self.envs[slot] = self.maker.make(self.shared)
+            obs, info = self.envs[slot].reset(seed=seed)
+        except Exception as e:  # the env's own bug: report it, the rollout re-runs the episode
+            self.envs.pop(slot, None)
+            return _failure_from(e, f"reset(seed={seed}) of {self.maker.env_id!r}")
+        return StepResult(str(obs), info=_slim_info(info), seconds=time.perf_counter() - t0,
+                          system_prompt=self.envs[slot].system_prompt)
+
+    def step(self, slot: int, action: str) -> StepResult | EnvFailure:
+        env = self.envs.get(slot)
+        if env is None:  # the runner restarted since this episode began: its env is gone
+            return EnvFailure("actor_restarted", f"slot {slot} has no env (its runner restarted)")
+        t0 = time.perf_counter()
+        try:
+            obs, reward, terminated, truncated, info = env.step(action)
+        except Exception as e:
+            self.envs.pop(slot, None)
+            return _failure_from(e, f"step of {self.maker.env_id!r}")
+        return StepResult(str(obs), float(reward), bool(terminated), bool(truncated), _slim_info(info),
+                          time.perf_counter() - t0)
+
+    def close(self, slot: int) -> None:
+        env = self.envs.pop(slot, None)
+        if env is not None:
+            try:
+                env.close()
+            except Exception as e:  # a failing close must not take the next episode down with it
+                log.warning("closing %s env of slot %d failed: %s", self.maker.env_id, slot, e)
+
+    def close_all(self) -> None:
+        for slot in list(self.envs):
+            self.close(slot)
+
+
+class LocalPool:
+    """Envs in the driver process, stepped synchronously when submitted (``--runners 0``).
+
+    Args:
+        maker: builds the envs.
+        slots: concurrent episodes (the rollout loop uses one slot per episode when it makes this pool itself).
+        make_env: optional zero-argument factory used instead of `maker.make` (the old `collect_trajectories`
+            calling convention).
+    """
+
+    def __init__(self, maker: EnvMaker | None, slots: int, make_env: Callable[[], TextEnv] | None = None):
+        if slots < 1:
+            raise ValueError(f"a pool needs at least one slot, got {slots}")
+        if maker is None and make_env is None:
+            raise ValueError("LocalPool needs an EnvMaker or a make_env factory")
+        self.slots = slots
+        if make_env is not None:
+            maker = EnvMaker(getattr(maker, "env_id", "env"), entry_point=lambda: make_env())
+            self._slots = _Slots(maker, None)
+        else:
+            self._slots = _Slots(maker, maker.build_shared())
+        self._done: list[Completion] = []
+
+    def submit_reset(self, slot: int, seed: int, fresh: bool = False) -> None:
+        """Start an episode in `slot` (a new env when `fresh` or when the slot has none)."""
+        self._done.append(Completion(slot, "reset", self._slots.reset(slot, seed, fresh)))
+
+    def submit_step(self, slot: int, action: str) -> None:
+        """Step the env of `slot`."""
+        self._done.append(Completion(slot, "step", self._slots.step(slot, action)))
+
+    def poll(self, block: bool = True) -> list[Completion]:
+        """Return the calls finished since the last poll (all of them: calls run on submit)."""
+        done, self._done = self._done, []
+        return done
+
+    @property
+    def in_flight(self) -> int:
+        """Calls submitted but not yet returned by `poll`."""
+        return len(self._done)
+
+    def close(self) -> None:
+        """Close every env."""
+        self._slots.close_all()
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EnvHost:
+    """A Ray actor hosting the envs of several slots (wrapped with `ray.remote` by `RayPool`).
+
+    Args:
+        maker: builds the envs.
+        shared: the shared resource (resolved from the object store by Ray), or None.
+        build_shared: build the shared resource here (it could not be pickled in the driver).
+        threads: worker threads; slot `s` always runs on thread `s % threads`.
+    """
+
+    def __init__(self, maker: EnvMaker, shared: SharedResource | None, build_shared: bool, threads: int):
+        self._slots = _Slots(maker, maker.build_shared() if build_shared else shared)
+        # One single-thread executor per lane pins each env to the thread that created it.
+        self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"env-lane{i}") for i in range(threads)]
+
+    async def _run(self, slot: int, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._lanes[slot % len(self._lanes)], fn)
+
+    async def ready(self) -> int:
+        """The actor's process id, once it is constructed."""
+        return os.getpid()
+
+    async def reset(self, slot: int, seed: int, fresh: bool) -> StepResult | EnvFailure:
+        """`reset` the env of `slot` (building it if needed)."""
+        return await self._run(slot, functools.partial(self._slots.reset, slot, seed, fresh))
+
+    async def step(self, slot: int, action: str) -> StepResult | EnvFailure:
+        """`step` the env of `slot`."""
+        return await self._run(slot, functools.partial(self._slots.step, slot, action))
+
+    async def close_all(self) -> None:
+        """Close every env of this actor."""
+        for slot in list(self._slots.envs):
+            await self._run(slot, functools.partial(self._slots.close, slot))
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Connect to Ray: join `address`, or start a quiet local instance. Returns True when this call started it.
+
+    The local instance has no dashboard, no usage-stats prompt and does not stream worker logs: env failures reach
+    the driver as `EnvFailure` records, not as log lines.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                  configure_logging=True)
+    if address:
+        kwargs.pop("include_dashboard")
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+    return True
+
+
+@dataclass
+class _Call:
+    slot: int
+    op: Literal["reset", "step"]
+    host: int
+    submitted: float
+
+
+class RayPool:
+    """`slots` envs spread over a few Ray actors; calls are futures, collected with `poll`.
+
+    Args:
+        maker: builds the envs (must be picklable: a registry id, or an importable class).
+        slots: concurrent episodes.
+        actors: runner processes; 0 picks one per CPU of the cluster (never more than `slots`).
+        step_timeout: seconds an env call may run once its actor is up; past it the actor is restarted.
+        address: Ray cluster to join; None starts a local Ray (shut down again by `close`).
+    """
+
+    def __init__(self, maker: EnvMaker, slots: int, *, actors: int = 0, step_timeout: float = 60.0,
+                 address: str | None = None):
+        import ray
+
+        if slots < 1:
+            raise ValueError(f"a pool needs at least one slot, got {slots}")
+        if step_timeout <= 0:
+            raise ValueError(f"step_timeout must be positive, got {step_timeout}")
+        self.slots = slots
+        self.step_timeout = step_timeout
+        maker = maker.resolved()
+        self._owns_ray = start_ray(address)
+        cluster_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        n_actors = min(slots, actors if actors > 0 else cluster_cpus)
+        slots_per_actor = math.ceil(slots / n_actors)
+        threads = 1 if maker.single_thread else slots_per_actor
+
+        shared = maker.build_shared()
+        build_in_actor = False
+        shared_arg: Any = None
+        if shared is not None:
+            try:
+                shared_arg = ray.put(shared)  # once per cluster; actors on a node map the same object
+            except Exception as e:  # unpicklable (open handles): each actor process builds its own
+                log.info("shared %s cannot go to the object store (%s); building it once per runner process",
+                         type(shared).__name__, e)
+                build_in_actor = True
+
+        remote_host = ray.remote(EnvHost).options(
+            max_restarts=-1, max_task_retries=0, num_cpus=min(1.0, cluster_cpus / n_actors),
+            max_concurrency=max(8, 2 * slots_per_actor), scheduling_strategy="SPREAD",
+        )
+        self._hosts = [remote_host.remote(maker, shared_arg, build_in_actor, threads) for _ in range(n_actors)]
+        self._ready_at: list[float | None] = [None] * n_actors
+        self._ready_refs = {h.ready.remote(): i for i, h in enumerate(self._hosts)}
+        self._calls: dict[Any, _Call] = {}
+        self._held: list[tuple[int, str, tuple]] = []  # calls for actors still (re)starting: sent once they are up
+        self._pending: list[Completion] = []
+        self.restarts = 0
+
+    @property
+    def actors(self) -> int:
+        """Number of runner processes."""
+        return len(self._hosts)
+
+    def host_of(self, slot: int) -> int:
+        """Index of the actor that hosts `slot`."""
+        return slot % len(self._hosts)
+
+    def actor_handle(self, index: int) -> Any:
+        """The Ray handle of actor `index` (tests kill it)."""
+        return self._hosts[index]
+
+    def submit_reset(self, slot: int, seed: int, fresh: bool = False) -> None:
+        """Start an episode in `slot`; the result comes back from `poll`."""
+        self._submit(slot, "reset", (slot, int(seed), bool(fresh)))
+
+    def submit_step(self, slot: int, action: str) -> None:
+        """Step the env of `slot`; the result comes back from `poll`."""
+        self._submit(slot, "step", (slot, action))
+
+    def _submit(self, slot: int, op: str, args: tuple) -> None:
+        host = self.host_of(slot)
+        if self._ready_at[host] is None:  # a restarting actor refuses calls: hold them until it is back
+            self._held.append((slot, op, args))
+            return
+        ref = getattr(self._hosts[host], op).remote(*args)
+        self._calls[ref] = _Call(slot, op, host, time.monotonic())  # type: ignore[arg-type]
+
+    @property
+    def in_flight(self) -> int:
+        """Calls submitted but not yet returned by `poll`."""
+        return len(self._calls) + len(self._pending) + len(self._held)
+
+    def poll(self, block: bool = True, gather_seconds: float = 0.002) -> list[Completion]:
+        """Finished calls. With `block`, wait for at least one (checking timeouts every 0.2 s).
+
+        After the first completion, calls that finish within `gather_seconds` are collected too, so the engine's
+        next batch is not a batch of one.
+        """
+        import ray
+
+        while True:
+            self._check_ready()
+            done = self._collect(timeout=0.0)
+            if done or not block or not (self._calls or self._held):
+                break
+            done = self._collect(timeout=0.2, first=True)
+            if done:
+                done += self._collect(timeout=gather_seconds)
+                break
+            self._check_timeouts(ray)
+        out, self._pending = self._pending + done, []
+        return out
+
+    def _check_ready(self) -> None:
+        import ray
+
+        if not self._ready_refs:
+            return
+        ready, _ = ray.wait(list(self._ready_refs), num_returns=len(self._ready_refs), timeout=0)
+        for ref in ready:
+            index = self._ready_refs.pop(ref)
+            try:
+                ray.get(ref)
+                self._ready_at[index] = time.monotonic()
+            except Exception:  # died while starting: Ray restarts it; ask again
+                self._ready_refs[self._hosts[index].ready.remote()] = index
+        held, self._held = self._held, []
+        for slot, op, args in held:
+            self._submit(slot, op, args)
+
+    def _collect(self, timeout: float, first: bool = False) -> list[Completion]:
+        import ray
+
+        if not self._calls:
+            return []
+        refs = list(self._calls)
+        if first:  # also wake up when a restarting actor comes back, so its held calls go out
+            refs += list(self._ready_refs)
+        ready, _ = ray.wait(refs, num_returns=1 if first else len(refs), timeout=timeout)
+        if first and ready:  # anything else already finished comes along
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        out = []
+        for ref in ready:
+            if ref not in self._calls:  # an actor's ready signal: `_check_ready` handles it
+                continue
+            call = self._calls.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                outcome = EnvFailure("actor_died", f"runner {call.host} died: {type(e).__name__}: {e}")
+                self._mark_restarting(call.host)
+            except Exception as e:  # a Ray-level failure (serialization, object lost) fails the episode only
+                outcome = EnvFailure("error", f"runner {call.host}: {type(e).__name__}: {e}")
+            out.append(Completion(call.slot, call.op, outcome))
+        return out
+
+    def _mark_restarting(self, host: int) -> None:
+        if self._ready_at[host] is None:
+            return
+        self._ready_at[host] = None
+        self.restarts += 1
+        self._ready_refs[self._hosts[host].ready.remote()] = host
+
+    def _check_timeouts(self, ray: Any) -> None:
+        now = time.monotonic()
+        for ref, call in list(self._calls.items()):
+            ready_at = self._ready_at[call.host]
+            if ref not in self._calls or ready_at is None:
+                continue  # the actor is (re)starting: its start-up time does not count against the env
+            if now - max(call.submitted, ready_at) <= self.step_timeout:
+                continue
+            # A stuck thread cannot be stopped from outside: restart the whole actor, failing its calls in flight.
+            log.warning("runner %d: %s of slot %d ran past step_timeout=%.1fs; restarting the runner",
+                        call.host, call.op, call.slot, self.step_timeout)
+            for other_ref, other in list(self._calls.items()):
+                if other.host != call.host:
+                    continue
+                del self._calls[other_ref]
+                kind: FailureKind = "timeout" if other_ref == ref else "actor_restarted"
+                message = (f"{call.op} ran past step_timeout={self.step_timeout}s" if other_ref == ref
+                           else f"runner {call.host} restarted after a neighbour's timeout")
+                self._pending.append(Completion(other.slot, other.op, EnvFailure(kind, message)))
+            ray.kill(self._hosts[call.host], no_restart=False)
+            self._mark_restarting(call.host)
+
+    def close(self) -> None:
+        """Close the envs, stop the actors, and shut Ray down if this pool started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        try:
+            ray.get([h.close_all.remote() for h in self._hosts], timeout=10)
+        except Exception as e:  # closing is best effort: the actors are killed next anyway
+            log.info("closing runner envs: %s", e)
+        for h in self._hosts:
+            ray.kill(h, no_restart=True)
+        self._hosts, self._calls = [], {}
+        if self._owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_pool(maker: EnvMaker, runners: int, *, actors: int = 0, step_timeout: float = 60.0,
+              address: str | None = None) -> LocalPool | RayPool:
+    """`RayPool` with `runners` slots, or a `LocalPool` for ``runners=0`` (one slot per episode, in the driver)."""
+    if runners < 0:
+        raise ValueError(f"runners must be >= 0 (0 runs envs in the driver), got {runners}")
+    if runners == 0:
+        return LocalPool(maker, slots=1 << 30)
+    return RayPool(maker, runners, actors=actors, step_timeout=step_timeout, address=address)

@@ -1,0 +1,332 @@
+r"""Token round-trip checks: would re-tokenizing the decoded reply, in its context, give back the engine's ids?
+
+Token-in/token-out training never re-tokenizes, so drift costs nothing in training itself; it matters wherever text
+is the interface (an inference server fed strings, a replay from logs, a template check). Each turn we decode the
+generated ids, re-tokenize them together with the text that precedes them in the prompt since the last added token
+(added tokens such as ``<|im_start|>`` always split the text, so nothing earlier can interact), and compare.
+
+Drift kinds:
+    ``split_utf8``: the ids decode to invalid UTF-8 (a multi-byte character cut between tokens, or ended early), so
+        the text cannot give the same bytes back.
+    ``end_whitespace``: only whitespace/newlines differ, next to the end of the reply or an added token (e.g. the
+        model emitted ``"\n"`` twice where the tokenizer writes one ``"\n\n"``).
+    ``merge``: the same text, segmented into different tokens (a non-canonical BPE merge).
+
+`check_conversations` drives a `ChatContext` over whole conversations and reports, per turn, whether the prefix held
+and the drift: the engine behind ``agentrl check-template``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RoundTrip", "check_roundtrip", "DRIFT_KINDS", "TurnReport", "TemplateReport", "check_conversations",
+           "load_conversations", "BUILTIN_CONVERSATIONS"]
+
+DRIFT_KINDS = ("merge", "end_whitespace", "split_utf8")
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """The result of one round-trip check.
+
+    Attributes:
+        drift: ``""`` when the ids round-trip exactly, else one of `DRIFT_KINDS`.
+        first_mismatch: index into the generated ids of the first differing token (-1 when none).
+        retokenized: the ids re-tokenizing gives for the generated part.
+    """
+
+    drift: str
+    first_mismatch: int = -1
+    retokenized: tuple[int, ...] = ()
+
+    @property
+    def matches(self) -> bool:
+        """True when the generated ids are exactly what re-tokenizing gives."""
+        return not self.drift
+
+
+def _added_ids(tokenizer) -> frozenset[int]:
+    cached = getattr(tokenizer, "_agentrl_added_ids", None)
+    if cached is None:
+        cached = frozenset(getattr(tokenizer, "added_tokens_decoder", {}) or ()) | frozenset(tokenizer.all_special_ids)
+        try:
+            tokenizer._agentrl_added_ids = cached
+        except AttributeError:  # a tokenizer that refuses attributes just recomputes
+            pass
+    return cached
+
+
+def check_roundtrip(tokenizer, prompt_ids: Sequence[int], generated_ids: Sequence[int]) -> RoundTrip:
+    """Compare `generated_ids` with what re-tokenizing their decoded text in context gives.
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        prompt_ids: the turn's prompt (only its tail after the last added token is used: O(reply) work).
+        generated_ids: the engine's ids for the reply.
+    """
+    added = _added_ids(tokenizer)
+    prompt_ids, generated_ids = list(prompt_ids), list(generated_ids)
+    start = next((i + 1 for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] in added), 0)
+    left = prompt_ids[start:]
+    engine = left + generated_ids
+    text = tokenizer.decode(engine, skip_special_tokens=False)
+    again = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if again == engine:
+        return RoundTrip("")
+    first = next((i for i, (a, b) in enumerate(zip(engine, again)) if a != b), min(len(engine), len(again)))
+    retokenized = tuple(again[len(left) :]) if again[: len(left)] == left else tuple(again)
+    return RoundTrip(_classify(tokenizer, engine, again, first, added), max(first - len(left), 0), retokenized)
+
+
+def _classify(tokenizer, engine: list[int], again: list[int], first: int, added: frozenset[int]) -> str:
+    if "\ufffd" in tokenizer.decode(engine, skip_special_tokens=False):
+        return "split_utf8"
+    # The differing span: from the first difference to the last one counted from the end.
+    tail = 0
+    while tail < min(len(engine), len(again)) - first and engine[-1 - tail] == again[-1 - tail]:
+        tail += 1
+    span = engine[first : len(engine) - tail]
+    span_text = tokenizer.decode(span, skip_special_tokens=False)
+    at_end = len(engine) - tail == len(engine) or engine[len(engine) - tail] in added
+    after_added = first == 0 or engine[first - 1] in added
+    if span_text and not span_text.strip() and (at_end or after_added):
+        return "end_whitespace"
+    return "merge"
+
+
+# ---- template checks over whole conversations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    """One assistant turn of a checked conversation.
+
+    Attributes:
+        conversation: index of the conversation.
+        turn: index of the assistant turn within it.
+        new_segment: the prompt after this turn does not extend what the model saw (history rewritten).
+        reason: where the rendering departed, for a split.
+        drift: the round-trip drift kind of the reply ("" for none).
+    """
+
+    conversation: int
+    turn: int
+    new_segment: bool
+    reason: str
+    drift: str
+
+
+@dataclass(frozen=True)
+class TemplateReport:
+    """What `check_conversations` found.
+
+    Attributes:
+        family: the family used (``custom`` for the tokenizer's own template).
+        turns: one report per assistant turn.
+        incremental_ok: the incremental rendering always equalled the full rendering.
+    """
+
+    family: str
+    turns: tuple[TurnReport, ...] = field(default_factory=tuple)
+    incremental_ok: bool = True
+
+    @property
+    def prefix_breaks(self) -> int:
+        """Turns after which the template rewrote history."""
+        return sum(t.new_segment for t in self.turns)
+
+    @property
+    def prefix_preserving(self) -> bool:
+        """No turn split."""
+        return self.prefix_breaks == 0
+
+    @property
+    def drift_rate(self) -> float:
+        """Fraction of replies whose ids do not round-trip."""
+        return sum(bool(t.drift) for t in self.turns) / max(len(self.turns), 1)
+
+    def drift_counts(self) -> dict[str, int]:
+        """Replies per drift kind."""
+        return dict(Counter(t.drift for t in self.turns if t.drift))
+
+    def lines(self) -> list[str]:
+        """A human-readable report."""
+        out = [f"family: {self.family}",
+               f"prefix-preserving: {'yes' if self.prefix_preserving else 'no'} "
+               f"({self.prefix_breaks} of {len(self.turns)} turns split)",
+               f"incremental rendering equals full rendering: {'yes' if self.incremental_ok else 'NO'}",
+               f"round-trip drift rate: {self.drift_rate:.3f} {self.drift_counts() or ''}".rstrip()]
+        for t in self.turns:
+            if t.new_segment:
+                out.append(f"  conversation {t.conversation} turn {t.turn}: split, {t.reason}")
+        return out
+
+
+# Conversations that exercise the policies: plain chat, reasoning with user and tool observations, tool calls.
+BUILTIN_CONVERSATIONS: tuple[dict[str, Any], ...] = (
+    {"name": "plain chat", "observation_role": "user", "messages": [
+        {"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": "Go north."},
+        {"role": "assistant", "content": "go north"}, {"role": "user", "content": "You are in a hall."},
+        {"role": "assistant", "content": "look"}, {"role": "user", "content": "A door, a key."},
+        {"role": "assistant", "content": "take key"}]},
+    {"name": "reasoning, user observations", "observation_role": "user", "messages": [
+        {"role": "user", "content": "What is 12*7? Then add 5."},
+        {"role": "assistant", "content": "<think>\n12*7 = 84\n</think>\n\n84"},
+        {"role": "user", "content": "Now add 5."},
+        {"role": "assistant", "content": "<think>\n84+5 = 89\n</think>\n\n89"}]},
+    {"name": "reasoning, tool observations", "observation_role": "tool", "messages": [
+        {"role": "user", "content": "Find the capital of France."},
+        {"role": "assistant", "content": "<think>\nsearch first\n</think>\n\nsearch[France capital]"},
+        {"role": "tool", "content": "Paris is the capital of France."},
+        {"role": "assistant", "content": "<think>\nfound it\n</think>\n\nfinish[Paris]"}]},
+    {"name": "unicode and trailing newline", "observation_role": "user", "messages": [
+        {"role": "user", "content": "Say café."}, {"role": "assistant", "content": "café ☕\n"},
+        {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Ünïcödé 你好"}]},
+)
+
+
+def load_conversations(path: str | Path) -> list[dict[str, Any]]:
+    """Read conversations from JSON or JSONL.
+
+    Each item is ``{"messages": [...], "tools": [...]?, "observation_role": "user"|"tool"?}``, or a bare message list,
+    or a trajectory saved by a run (``trajectories.jsonl``): its turns' real generated ids are then checked.
+
+    Raises:
+        ValueError: naming the file and item that is neither.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"conversations file not found: {p}")
+    text = p.read_text()
+    try:
+        items = json.loads(text) if p.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not JSON/JSONL ({e})") from None
+    if isinstance(items, dict) or (items and all(isinstance(x, dict) and "role" in x for x in items)):
+        items = [items]  # one conversation (an object, or a bare list of messages)
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, list):
+            item = {"messages": item}
+        if not isinstance(item, dict) or not ("messages" in item or "turns" in item):
+            raise ValueError(f"{p}: item {i} is neither a conversation ({{'messages': [...]}}) nor a trajectory")
+        out.append(item)
+    return out
+
+
+def check_conversations(tokenizer, conversations: Sequence[dict[str, Any]], *, family: str | None = None,
+                        chat_kwargs: dict[str, Any] | None = None) -> TemplateReport:
+    """Replay conversations through a `ChatContext` and report splits, their reasons and round-trip drift.
+
+    Assistant messages become generated ids the way an engine emitting canonical tokens would produce them (the
+    reply tokenized on its own, plus the end-of-turn token); saved trajectories use their real generated ids.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        conversations: see `load_conversations`.
+        family: force a family (default: detected from the tokenizer).
+        chat_kwargs: template variables (``enable_thinking``).
+    """
+    from agentrl.context import ChatContext
+
+    reports: list[TurnReport] = []
+    incremental_ok = True
+    family_name = "custom"
+    for c, conv in enumerate(conversations):
+        if "turns" in conv:
+            reports += _trajectory_reports(tokenizer, c, conv["turns"])
+            continue
+        steps = _steps(conv)
+        ctx = ChatContext(tokenizer, steps[0]["system"], chat_kwargs, family=family, tools=conv.get("tools"),
+                          observation_role=conv.get("observation_role", "user"), verify=True)
+        family_name = ctx.family_name
+        prompt = ctx.first_prompt(steps[0]["observation"])
+        end = ctx.family.end_of_turn if ctx.family else (tokenizer.eos_token or "")
+        for k, step in enumerate(steps):
+            generated = tokenizer(step["reply"], add_special_tokens=False)["input_ids"]
+            generated += tokenizer(end, add_special_tokens=False)["input_ids"]
+            drift = check_roundtrip(tokenizer, prompt, generated).drift
+            new_segment, reason = False, ""
+            if step["next_observation"] is not None:
+                try:
+                    prompt, new_segment = ctx.next_prompt(generated, step["next_observation"])
+                except AssertionError:
+                    incremental_ok = False
+                    break
+                reason = ctx.last_step.reason
+            reports.append(TurnReport(c, k, new_segment, reason, drift))
+    return TemplateReport(family_name, tuple(reports), incremental_ok)
+
+
+def _trajectory_reports(tokenizer, c: int, turns: list[dict[str, Any]]) -> list[TurnReport]:
+    """Reports for a saved trajectory: its real generated ids, and its prompts as the rollout built them."""
+    from agentrl.context import explain_rewrite
+
+    out = []
+    for k, t in enumerate(turns):
+        drift = check_roundtrip(tokenizer, t["prompt_ids"], t["generated_ids"]).drift
+        new_segment, reason = False, ""
+        if k + 1 < len(turns):
+            seen = list(t["prompt_ids"]) + list(t["generated_ids"])
+            nxt = list(turns[k + 1]["prompt_ids"])
+            new_segment = nxt[: len(seen)] != seen
+            if new_segment:
+                reason = explain_rewrite(tokenizer.decode(seen), tokenizer.decode(nxt))
+        out.append(TurnReport(c, k, new_segment, reason, drift))
+    return out
+
+
+def _steps(conv: dict[str, Any]) -> list[dict[str, Any]]:
+    """Split a conversation into assistant steps, each with the observation that follows it."""
+    messages = list(conv["messages"])
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    rest = messages[1:] if system else messages
+    if not rest or rest[0]["role"] != "user":
+        raise ValueError("a conversation must start with a user message (after an optional system message)")
+    steps = []
+    for i, m in enumerate(rest[1:], 1):
+        if m["role"] != "assistant":
+            continue
+        following = rest[i + 1]["content"] if i + 1 < len(rest) else None
+        steps.append({"system": system, "observation": rest[0]["content"], "reply": m["content"],
+                      "next_observation": following})
+    return steps
+
+
+def load_tokenizer(model: str):
+    """The tokenizer of a built-in or Hugging Face model, without building the model when that can be avoided."""
+    if model in ("tiny-qwen3", "tiny-qwen3-moe"):
+        from agentrl.models import load_qwen3_tokenizer
+
+        return load_qwen3_tokenizer()
+    path = Path(model).expanduser()
+    if (path / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path))
+    from agentrl.models import load_model
+
+    return load_model(model).tokenizer
+
+
+def template_report(model: str, conversations_path: str | Path | None = None, *, family: str | None = None,
+                    enable_thinking: bool | None = None) -> TemplateReport:
+    """The report `agentrl check-template` prints.
+
+    Args:
+        model: a built-in, a local Hugging Face folder or a hub id.
+        conversations_path: JSON/JSONL conversations or a run's trajectories.jsonl; None uses
+            `BUILTIN_CONVERSATIONS`.
+        family: force a family instead of detecting it.
+        enable_thinking: set the template's thinking switch (None keeps its default).
+    """
+    tokenizer = load_tokenizer(model)
+    conversations = BUILTIN_CONVERSATIONS if conversations_path is None else load_conversations(conversations_path)
+    chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    return check_conversations(tokenizer, conversations, family=family, chat_kwargs=chat_kwargs)

@@ -1,0 +1,250 @@
+"""Product search: BM25 (bm25s) over the original's document text, optional dense (faiss) and hybrid retrieval.
+
+Every index is built once, saved under the catalogue's cache folder and opened memory-mapped, so all runners on a
+node share the same page-cache pages:
+
+* BM25: bm25s's sparse score matrix, loaded with ``mmap=True``. bm25s keeps its vocabulary as a Python dict (tens
+  of MB per process on the full catalogue), so we load it without the vocabulary and look query tokens up in a
+  sorted, memory-mapped array of 64-bit token hashes instead. Queries are scored by summing the query terms' posting
+  lists into one dense score array per process (`ScoreBuffer`), reused by every env and query and cleared only where
+  written: bm25s allocates a fresh array of one float per document for each query (4.7 MB on 1.18M products), which
+  the allocator keeps as private heap in every thread that ever searched.
+* Dense: no encoder weights can be downloaded here, so documents are embedded by a fixed random projection of their
+  IDF-weighted bag of words (a Johnson-Lindenstrauss sketch of TF-IDF cosine similarity) and searched exactly with
+  a faiss ``IndexFlatIP`` read with ``IO_FLAG_MMAP_IFC``. It finds documents sharing rare words, not synonyms.
+* Hybrid: reciprocal-rank fusion (k = 60) of the BM25 and dense rankings.
+
+Departures from the original: it searches with Lucene BM25 (pyserini), with Porter stemming; we tokenize into
+lowercase alphanumeric words minus English stopwords, without stemming, so rankings differ slightly. Like Lucene, a
+query sharing no word with any document returns no results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
+from tqdm import tqdm
+
+__all__ = ["SEARCH_MODES", "ScoreBuffer", "Searcher", "build_search_index", "document_text", "tokenize"]
+
+SEARCH_MODES = ("bm25", "dense", "hybrid")
+TOP_N = 50
+DENSE_DIM = 128
+RRF_K = 60
+_TOKEN = re.compile(r"[a-z0-9]+")
+_STOPWORDS = frozenset(STOPWORDS_EN)
+
+
+def document_text(product: Mapping[str, Any]) -> str:
+    """The text the original indexes for a product: title, description, first bullet and the options."""
+    options = ", and ".join(f"{name}: {', '.join(values)}" for name, values in product["options"].items())
+    first_bullet = product["BulletPoints"][0] if product["BulletPoints"] else ""
+    return f"{product['Title']} {product['Description']} {first_bullet} {options}".lower()
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercase alphanumeric words of `text`, English stopwords removed."""
+    return [t for t in _TOKEN.findall(text.lower()) if t not in _STOPWORDS]
+
+
+def _token_hash(token: str) -> int:
+    return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def build_search_index(
+    products: Iterable[Mapping[str, Any]], out_dir: Path, num_docs: int, bm25: bool = True, dense: bool = False
+) -> None:
+    """Build the BM25 index and/or the dense index for `products` under `out_dir`.
+
+    Args:
+        products: the catalogue, in store order.
+        out_dir: the folder to write ``bm25/`` and ``vocab_*.npy`` (BM25) and ``dense*`` (dense) into.
+        num_docs: the number of products (for the progress bars).
+        bm25: build the BM25 index.
+        dense: build the dense index (written last, ``dense.json`` marks it complete).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab: dict[str, int] = {}
+    corpus_ids: list[list[int]] = []
+    for product in tqdm(products, total=num_docs, desc="webshop: tokenizing", unit="doc", mininterval=2.0,
+                        disable=num_docs < 50_000):
+        corpus_ids.append([vocab.setdefault(t, len(vocab)) for t in tokenize(document_text(product))])
+    if bm25:
+        retriever = bm25s.BM25()
+        retriever.index((corpus_ids, dict(vocab)), show_progress=num_docs >= 50_000)
+        retriever.save(str(out_dir / "bm25"))
+        hashes = np.fromiter((_token_hash(t) for t in vocab), dtype=np.uint64, count=len(vocab))
+        order = np.argsort(hashes, kind="stable")
+        np.save(out_dir / "vocab_hash.npy", hashes[order])
+        np.save(out_dir / "vocab_ids.npy", np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))[order])
+    if dense:
+        _build_dense(corpus_ids, len(vocab), out_dir)
+
+
+def _build_dense(corpus_ids: list[list[int]], vocab_size: int, out_dir: Path) -> None:
+    import faiss
+    import scipy.sparse as sp
+
+    rows = np.repeat(np.arange(len(corpus_ids)), [len(set(d)) for d in corpus_ids])
+    cols = np.fromiter((t for d in corpus_ids for t in sorted(set(d))), dtype=np.int64, count=len(rows))
+    doc_term = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)),
+                             shape=(len(corpus_ids), vocab_size))
+    df = np.asarray(doc_term.sum(axis=0)).ravel()
+    idf = np.log1p(len(corpus_ids) / np.maximum(df, 1)).astype(np.float32)
+    projection = np.random.default_rng(0).standard_normal((vocab_size, DENSE_DIM)).astype(np.float32)
+    np.save(out_dir / "dense_idf.npy", idf)
+    np.save(out_dir / "dense_projection.npy", projection)
+    index = faiss.IndexFlatIP(DENSE_DIM)
+    step = 100_000
+    for start in tqdm(range(0, len(corpus_ids), step), desc="webshop: dense embeddings", mininterval=2.0,
+                      disable=len(corpus_ids) < 50_000):
+        block = np.asarray(doc_term[start:start + step].multiply(idf[None, :]).tocsr() @ projection, np.float32)
+        faiss.normalize_L2(block)
+        index.add(block)
+    # The vocabulary ids must agree with the BM25 build: both come from the same first-seen order of tokens.
+    faiss.write_index(index, str(out_dir / "dense.faiss"))
+    (out_dir / "dense.json").write_text(json.dumps({"dim": DENSE_DIM, "num_docs": len(corpus_ids)}))
+
+
+class ScoreBuffer:
+    """A dense per-document score array, shared by every BM25 query of a process and guarded by a lock.
+
+    Runner pools host many envs per process, stepped from several threads; one array per process (instead of one per
+    query) keeps BM25's only per-document allocation from multiplying with envs or threads. It is zero between
+    queries: `accumulate` clears exactly the entries it wrote before releasing the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._scores = np.zeros(0, dtype=np.float32)
+
+    def accumulate(
+        self, postings: Iterable[tuple[np.ndarray, np.ndarray]], num_docs: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Sum term scores per document.
+
+        Args:
+            postings: per query term (repeats included, as in bm25s), its documents (distinct) and their scores,
+                all strictly positive.
+            num_docs: the number of documents in the index.
+
+        Returns:
+            ``(docs, scores)``: every document with a query term, once, and its summed score.
+        """
+        with self._lock:
+            if len(self._scores) < num_docs:
+                self._scores = np.zeros(num_docs, dtype=np.float32)
+            scores = self._scores
+            new_docs = []
+            for docs, term_scores in postings:
+                # Term scores are > 0 (Lucene's IDF and TF factors are positive), so a zero entry marks a document
+                # no earlier term touched: collecting those lists each document once without sorting.
+                new_docs.append(docs[scores[docs] == 0])
+                scores[docs] += term_scores  # docs are distinct within one posting list, so += is exact
+            touched = np.concatenate(new_docs) if new_docs else np.zeros(0, dtype=np.int64)
+            summed = scores[touched]
+            scores[touched] = 0.0
+        return touched, summed
+
+
+_SCORE_BUFFER = ScoreBuffer()
+
+
+class Searcher:
+    """Query the indexes built by `build_search_index`, all memory-mapped.
+
+    Args:
+        index_dir: the folder `build_search_index` wrote.
+        mode: "bm25", "dense" or "hybrid".
+    """
+
+    def __init__(self, index_dir: Path, mode: str = "bm25"):
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"webshop: search_mode must be one of {SEARCH_MODES}, got {mode!r}")
+        self.mode = mode
+        self.bm25 = bm25s.BM25.load(str(index_dir / "bm25"), mmap=True, load_vocab=False, show_progress=False)
+        if self.bm25.nonoccurrence_array is not None:
+            raise ValueError(f"webshop: the BM25 index in {index_dir} uses method {self.bm25.method!r}, which scores "
+                             "absent terms; delete the folder to rebuild it with the default (lucene)")
+        self.vocab_hash = np.load(index_dir / "vocab_hash.npy", mmap_mode="r")
+        self.vocab_ids = np.load(index_dir / "vocab_ids.npy", mmap_mode="r")
+        self.dense = None
+        if mode != "bm25":
+            import faiss
+
+            if not (index_dir / "dense.json").exists():
+                raise FileNotFoundError(f"webshop: no dense index in {index_dir}; build it with search_mode={mode!r}")
+            self.dense = faiss.read_index(str(index_dir / "dense.faiss"), faiss.IO_FLAG_MMAP_IFC)
+            self.idf = np.load(index_dir / "dense_idf.npy", mmap_mode="r")
+            self.projection = np.load(index_dir / "dense_projection.npy", mmap_mode="r")
+
+    def token_ids(self, query: str) -> list[int]:
+        """Vocabulary ids of the query's tokens that occur in the catalogue (unknown tokens dropped)."""
+        ids = []
+        for token in tokenize(query):
+            h = np.uint64(_token_hash(token))
+            pos = int(np.searchsorted(self.vocab_hash, h))
+            if pos < len(self.vocab_hash) and self.vocab_hash[pos] == h:
+                ids.append(int(self.vocab_ids[pos]))
+        return ids
+
+    def search(self, query: str, k: int = TOP_N) -> list[int]:
+        """Indices of the top `k` products for `query`, best first (ties broken by catalogue order)."""
+        ids = self.token_ids(query)
+        if not ids:
+            return []
+        if self.mode == "bm25":
+            return self._bm25(ids, k)
+        if self.mode == "dense":
+            return self._dense(ids, k)
+        fused: dict[int, float] = {}
+        for ranking in (self._bm25(ids, k), self._dense(ids, k)):
+            for rank, doc in enumerate(ranking):
+                fused[doc] = fused.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
+        return sorted(fused, key=lambda d: (-fused[d], d))[:k]
+
+    def bm25_scores(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The documents containing any of the token `ids` and their BM25 scores (equal to bm25s's).
+
+        Args:
+            ids: vocabulary ids, as `token_ids` returns them; a repeated id counts twice, as in bm25s.
+
+        Returns:
+            ``(docs, scores)`` in no particular order.
+        """
+        index = self.bm25.scores
+        data, indices, indptr = index["data"], index["indices"], index["indptr"]
+        spans = [(int(indptr[t]), int(indptr[t + 1])) for t in ids]
+        return _SCORE_BUFFER.accumulate(((indices[a:b], data[a:b]) for a, b in spans), int(index["num_docs"]))
+
+    def _bm25(self, ids: list[int], k: int) -> list[int]:
+        docs, scores = self.bm25_scores(ids)
+        positive = scores > 0
+        docs, scores = docs[positive], scores[positive]
+        if len(docs) > k:
+            top = np.argpartition(-scores, k - 1)[:k]
+            # argpartition may cut ties arbitrarily: keep every doc tied with the k-th score, then sort.
+            keep = np.zeros(len(docs), dtype=bool)
+            keep[top] = True
+            keep |= scores == scores[top].min()
+            docs, scores = docs[keep], scores[keep]
+        order = np.lexsort((docs, -scores))
+        return [int(d) for d in docs[order][:k]]
+
+    def _dense(self, ids: list[int], k: int) -> list[int]:
+        import faiss
+
+        unique = np.unique(np.asarray(ids, dtype=np.int64))
+        query = (self.projection[unique] * self.idf[unique][:, None]).sum(axis=0, keepdims=True).astype(np.float32)
+        faiss.normalize_L2(query)
+        _, found = self.dense.search(query, k)
+        return [int(d) for d in found[0] if d >= 0]
