@@ -288,8 +288,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
                     routes = recording.routes  # [n, S, L, K]
                     train_routes += [routes[i, : len(s.input_ids) - 1] for i, s in enumerate(chunk)]
                     if all(s.routed_experts is not None for s in chunk):
-                        rollout = _rollout_routes(chunk, mb)  # [n, S, L, K], -1 on padding
-                        agree_sum += router_agreement(rollout, routes.to(rollout.dtype)) * len(chunk)
+                        engine_routes = _rollout_routes(chunk, mb)  # [n, S, L, K], -1 on padding
+                        agree_sum += router_agreement(engine_routes, routes.to(engine_routes.dtype)) * len(chunk)
                         agree_n += len(chunk)
                 old_logp += [row for row in logp]
                 entropy_sum += float((ent * mb.loss_mask).sum())

@@ -91,17 +91,20 @@ def play_episode(env: Any, goal_position: int) -> tuple[int, bool]:
     return steps, bool(info.get("success"))
 
 
-def host(args: argparse.Namespace) -> dict[str, Any]:
+def host(args: argparse.Namespace) -> None:
     """A runner process: `args.envs` envs sharing one resource, stepped on `args.threads` worker threads.
 
     Env ``j`` (global index ``args.first_env + j``) plays goal positions ``[g * episodes, (g + 1) * episodes)`` of the
     train split, so any split of the runners over processes plays the same goals. A lane steps its envs round-robin
-    one episode each at a time, so every env has an episode in flight at once.
+    one episode each at a time, so every env has an episode in flight at once. Prints what it played, then stays
+    alive, envs and memory maps in place, until the parent closes its stdin.
     """
     from agentrl.envs.webshop import WebShopEnv, WebShopResource
 
     if args.bare:
-        return {"episodes": 0}
+        print(json.dumps({"episodes": 0}), flush=True)
+        sys.stdin.read()
+        return
     resource = WebShopResource.build(num_products=args.num_products, cache_dir=args.cache_dir)
     num_goals = len(resource.splits["train"])
     envs: dict[int, Any] = {}
@@ -124,7 +127,8 @@ def host(args: argparse.Namespace) -> dict[str, Any]:
     with ThreadPoolExecutor(args.threads) as pool:
         list(pool.map(lane, lanes))
     assert len({id(env.resource) for env in envs.values()}) == 1
-    return totals
+    print(json.dumps(totals), flush=True)
+    sys.stdin.read()  # measured now: `envs` and `resource` must stay referenced (returning would unmap the files)
 
 
 # ------------------------------------------------------------------------------------------------ measuring
@@ -197,8 +201,7 @@ def main() -> None:
         print(json.dumps(prepare(args)), flush=True)
         return
     if args.role == "host":
-        print(json.dumps(host(args)), flush=True)
-        sys.stdin.read()  # stay alive (envs and their pages in place) until the parent has measured us
+        host(args)
         return
     if args.runners % args.processes:
         parser.error(f"--runners ({args.runners}) must be a multiple of --processes ({args.processes})")

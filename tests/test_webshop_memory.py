@@ -48,10 +48,13 @@ def test_bm25_scores_equal_bm25s(resource):
             assert len(docs) == 0
 
 
+@pytest.mark.parametrize("chunk", [7, 64, search_module.CHUNK])
 @pytest.mark.parametrize("k", [1, 3, TOP_N, 1000])
-def test_rankings_equal_a_full_scan(resource, k):
+def test_rankings_equal_a_full_scan(resource, k, chunk, monkeypatch):
+    monkeypatch.setattr(search_module, "CHUNK", chunk)  # small chunks: posting lists span many, pruning runs
     for text in queries(resource):
-        assert resource.searcher.search(text, k=k) == reference_ranking(resource, text, k), text
+        assert resource.searcher.search(text, k=k) == reference_ranking(resource, text, k), (text, k, chunk)
+    assert not search_module._SCORE_BUFFER._scores.any()
 
 
 def test_one_buffer_serves_concurrent_threads(resource, tmp_path):
@@ -73,6 +76,16 @@ def test_one_buffer_serves_concurrent_threads(resource, tmp_path):
     assert all(results[n] == expected * 3 for n in range(4))
     assert search_module._SCORE_BUFFER._scores is buffer_before  # no per-resource, per-thread or per-query array
     assert not search_module._SCORE_BUFFER._scores.any()  # left clean for the next query
+
+
+def test_an_interrupted_query_leaves_the_buffer_clean():
+    buffer = search_module.ScoreBuffer()
+    indices, data = np.array([0, 2, 9], dtype=np.int32), np.ones(3, dtype=np.float32)
+    with pytest.raises(IndexError):  # the second posting list names a document past the end, after the first wrote
+        buffer.top(indices, data, [(0, 2), (2, 3)], num_docs=4, k=None)
+    assert not buffer._scores.any()
+    docs, scores = buffer.top(indices, data, [(0, 2), (0, 1)], num_docs=4, k=None)
+    assert dict(zip(docs.tolist(), scores.tolist(), strict=True)) == {0: 2.0, 2: 1.0}
 
 
 def test_resource_pickles_as_a_reference(resource, tmp_path):

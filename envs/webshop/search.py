@@ -6,9 +6,11 @@ node share the same page-cache pages:
 * BM25: bm25s's sparse score matrix, loaded with ``mmap=True``. bm25s keeps its vocabulary as a Python dict (tens
   of MB per process on the full catalogue), so we load it without the vocabulary and look query tokens up in a
   sorted, memory-mapped array of 64-bit token hashes instead. Queries are scored by summing the query terms' posting
-  lists into one dense score array per process (`ScoreBuffer`), reused by every env and query and cleared only where
-  written: bm25s allocates a fresh array of one float per document for each query (4.7 MB on 1.18M products), which
-  the allocator keeps as private heap in every thread that ever searched.
+  lists into one dense score array per process (`ScoreBuffer`), reused by every env and query, in chunks of
+  `CHUNK` postings. bm25s instead allocates an array of one float per document for each query (4.7 MB on 1.18M
+  products) plus temporaries the size of the longest posting list ("size" is in 1M documents): glibc then raises
+  its mmap threshold and keeps such blocks as heap in every thread's arena, about 5 MB per thread that searched,
+  which is most of the private memory a runner pool's threads would add.
 * Dense: no encoder weights can be downloaded here, so documents are embedded by a fixed random projection of their
   IDF-weighted bag of words (a Johnson-Lindenstrauss sketch of TF-IDF cosine similarity) and searched exactly with
   a faiss ``IndexFlatIP`` read with ``IO_FLAG_MMAP_IFC``. It finds documents sharing rare words, not synonyms.
@@ -40,6 +42,7 @@ SEARCH_MODES = ("bm25", "dense", "hybrid")
 TOP_N = 50
 DENSE_DIM = 128
 RRF_K = 60
+CHUNK = 8192  # postings per numpy operation in BM25 scoring (see `ScoreBuffer`)
 _TOKEN = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(STOPWORDS_EN)
 
@@ -116,44 +119,68 @@ def _build_dense(corpus_ids: list[list[int]], vocab_size: int, out_dir: Path) ->
 
 
 class ScoreBuffer:
-    """A dense per-document score array, shared by every BM25 query of a process and guarded by a lock.
+    """A dense per-document score array shared by every BM25 query of a process, guarded by a lock.
 
-    Runner pools host many envs per process, stepped from several threads; one array per process (instead of one per
-    query) keeps BM25's only per-document allocation from multiplying with envs or threads. It is zero between
-    queries: `accumulate` clears exactly the entries it wrote before releasing the lock.
+    Runner pools host many envs per process, stepped from several threads; one array per process keeps BM25's only
+    per-document allocation from multiplying with envs, threads or queries. Postings are processed `CHUNK` at a
+    time and candidates pruned to the best `k` as they come, so with `k` set no numpy temporary exceeds about
+    ``2 * (k + CHUNK)`` elements (66 KB for k = 50), below glibc's default mmap threshold (128 KB): no query raises
+    the threshold or grows a thread's heap. The array is all zeros between queries.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._scores = np.zeros(0, dtype=np.float32)
 
-    def accumulate(
-        self, postings: Iterable[tuple[np.ndarray, np.ndarray]], num_docs: int
+    def top(
+        self, indices: np.ndarray, data: np.ndarray, spans: list[tuple[int, int]], num_docs: int, k: int | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Sum term scores per document.
+        """Sum the term scores of the posting lists `spans` per document and keep the best.
 
         Args:
-            postings: per query term (repeats included, as in bm25s), its documents (distinct) and their scores,
-                all strictly positive.
+            indices: the index's document ids, posting list after posting list (distinct within one list).
+            data: each posting's term score, all strictly positive.
+            spans: ``(start, end)`` of each query term's posting list; a repeated term counts twice, as in bm25s.
             num_docs: the number of documents in the index.
+            k: keep the `k` best documents and every document tied with the k-th; None keeps all.
 
         Returns:
-            ``(docs, scores)``: every document with a query term, once, and its summed score.
+            ``(docs, scores)``, unordered, each document once.
         """
+        chunks = [(c, min(c + CHUNK, end)) for start, end in spans for c in range(start, end, CHUNK)]
+        best_docs, best_scores = np.zeros(0, dtype=indices.dtype), np.zeros(0, dtype=np.float32)
         with self._lock:
             if len(self._scores) < num_docs:
                 self._scores = np.zeros(num_docs, dtype=np.float32)
             scores = self._scores
-            new_docs = []
-            for docs, term_scores in postings:
-                # Term scores are > 0 (Lucene's IDF and TF factors are positive), so a zero entry marks a document
-                # no earlier term touched: collecting those lists each document once without sorting.
-                new_docs.append(docs[scores[docs] == 0])
-                scores[docs] += term_scores  # docs are distinct within one posting list, so += is exact
-            touched = np.concatenate(new_docs) if new_docs else np.zeros(0, dtype=np.int64)
-            summed = scores[touched]
-            scores[touched] = 0.0
-        return touched, summed
+            try:
+                for a, b in chunks:
+                    docs = indices[a:b]
+                    scores[docs] += data[a:b]  # docs are distinct within one posting list, so += is exact
+                for a, b in chunks:
+                    docs = indices[a:b]
+                    found = scores[docs]
+                    # Reset after reading: a document in several posting lists then reads 0 on its later visits, so
+                    # it is collected once, and the buffer is clean for the next query (every entry written is read).
+                    scores[docs] = 0.0
+                    hit = found > 0
+                    best_docs = np.concatenate((best_docs, docs[hit]))
+                    best_scores = np.concatenate((best_scores, found[hit]))
+                    if k is not None and len(best_docs) > 2 * k + CHUNK:
+                        best_docs, best_scores = _at_least_kth(best_docs, best_scores, k)
+            except BaseException:
+                scores[:] = 0.0  # interrupted half-way (KeyboardInterrupt, a bad id): never leak into later queries
+                raise
+        if k is not None and len(best_docs) > k:
+            best_docs, best_scores = _at_least_kth(best_docs, best_scores, k)
+        return best_docs, best_scores
+
+
+def _at_least_kth(docs: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The documents scoring at least the k-th highest score (ties with it kept)."""
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+    keep = scores >= kth
+    return docs[keep], scores[keep]
 
 
 _SCORE_BUFFER = ScoreBuffer()
@@ -212,32 +239,24 @@ class Searcher:
                 fused[doc] = fused.get(doc, 0.0) + 1.0 / (RRF_K + rank + 1)
         return sorted(fused, key=lambda d: (-fused[d], d))[:k]
 
-    def bm25_scores(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The documents containing any of the token `ids` and their BM25 scores (equal to bm25s's).
+    def bm25_scores(self, ids: list[int], k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Documents containing any of the token `ids` and their BM25 scores (equal to bm25s's).
 
         Args:
             ids: vocabulary ids, as `token_ids` returns them; a repeated id counts twice, as in bm25s.
+            k: return only the `k` best and those tied with the k-th; None returns every matching document.
 
         Returns:
             ``(docs, scores)`` in no particular order.
         """
         index = self.bm25.scores
-        data, indices, indptr = index["data"], index["indices"], index["indptr"]
+        indptr = index["indptr"]
         spans = [(int(indptr[t]), int(indptr[t + 1])) for t in ids]
-        return _SCORE_BUFFER.accumulate(((indices[a:b], data[a:b]) for a, b in spans), int(index["num_docs"]))
+        return _SCORE_BUFFER.top(index["indices"], index["data"], spans, int(index["num_docs"]), k)
 
     def _bm25(self, ids: list[int], k: int) -> list[int]:
-        docs, scores = self.bm25_scores(ids)
-        positive = scores > 0
-        docs, scores = docs[positive], scores[positive]
-        if len(docs) > k:
-            top = np.argpartition(-scores, k - 1)[:k]
-            # argpartition may cut ties arbitrarily: keep every doc tied with the k-th score, then sort.
-            keep = np.zeros(len(docs), dtype=bool)
-            keep[top] = True
-            keep |= scores == scores[top].min()
-            docs, scores = docs[keep], scores[keep]
-        order = np.lexsort((docs, -scores))
+        docs, scores = self.bm25_scores(ids, k)
+        order = np.lexsort((docs, -scores))  # best first, ties by catalogue order
         return [int(d) for d in docs[order][:k]]
 
     def _dense(self, ids: list[int], k: int) -> list[int]:

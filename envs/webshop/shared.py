@@ -3,6 +3,8 @@
 On first use the catalogue (generated, or loaded from the original files) is written to a cache folder with its
 goals, goal splits and search indexes; afterwards every process opens those files memory-mapped, so 32 runners on
 a node share one copy in the page cache instead of holding 32 (other frameworks report over 100 GB for 128 envs).
+The resource pickles as a reference to its folder (and the kwargs to rebuild it), never as data: a runner pool puts it
+in Ray's object store once and every actor reopens the same files. ``bench/webshop_scale.py`` measures the memory.
 
 Cache folder: ``<root>/<catalogue-key>/`` where ``root`` is the `cache_dir` argument, else ``$AGENTRL_CACHE/webshop``,
 else ``~/.cache/agentrl/webshop``; the key hashes what defines the catalogue (generator version, size and seed, or
