@@ -74,6 +74,10 @@ class TextEnv(gym.Env[str, str]):
           `reset` solves the task, so tasks and rewards can be checked without a model.
         * `system_prompt`: what an LLM agent is told about the task format and the action syntax.
 
+    Threading: runner pools may step several envs of one process from a thread pool. An env whose state belongs to
+    one thread (Playwright's sync API) sets ``metadata["single_thread"] = True`` and all envs of its class in a
+    process are then stepped from a single thread.
+
     Shared state: an env whose construction is expensive (a product catalogue, a search index) sets the class
     attribute `shared` to a `SharedResource` subclass and accepts `shared=` in `__init__`; runner pools then
     build it once per node and hand the same object to every env.

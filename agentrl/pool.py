@@ -336,6 +336,9 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                                   configure_logging=True)
+    # glibc gives every stepping thread its own malloc arena; large numpy temporaries then stay as per-thread heap.
+    # Two arenas keep envs with big transient arrays from multiplying their memory by the thread count.
+    kwargs["runtime_env"] = {"env_vars": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2")}}
     if address:
         kwargs.pop("include_dashboard")
         ray.init(address=address, **kwargs)

@@ -73,6 +73,9 @@ class GuiEnv(TextEnv):
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     shared: ClassVar[type[BrowserHost]] = BrowserHost  # free to build: Chromium starts on the first browser page
+    # Playwright's sync API belongs to the thread that started the browser: runner pools step every GuiEnv of a
+    # process from one thread (see agentrl.pool).
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "single_thread": True}
 
     def __init__(
         self,
