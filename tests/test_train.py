@@ -118,3 +118,20 @@ def test_moe_routing_replay_modes_train(tmp_path, mode):
 def test_routing_replay_on_a_dense_model_is_a_clear_error(tmp_path):
     with pytest.raises(TrainingError, match="needs an MoE model"):
         train(tiny_config(tmp_path, **{"loss.routing_replay": "r3"}), progress=False)
+
+
+def test_smollm2_checkpoint_saves_and_reloads(tmp_path):
+    # SmolLM2 comes from a GGUF file: its dequantized weights must save as a normal checkpoint and load back.
+    from agentrl.models import load_model
+    from agentrl.train import save_checkpoint
+
+    policy = load_model("smollm2-135m")
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-5)
+    ckpt = save_checkpoint(tmp_path, policy, optimizer, step=0)
+    again = load_model(str(ckpt))
+    assert again.family == "chatml"
+    a, b = policy.model.state_dict(), again.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    text = again.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                               add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
