@@ -47,7 +47,10 @@ def _parse_kwargs(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             _fail(f"--env-arg expects KEY=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
+        try:  # VALUE is YAML so numbers, booleans and lists arrive typed: level=2, task_types=[a, b]
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            _fail(f"--env-arg {pair!r}: the value is not valid YAML ({str(e).splitlines()[0]}); quote it or fix it")
     return out
 
 
@@ -63,11 +66,15 @@ def play(
     import agentrl
     from agentrl.play import play_episode
 
+    if seed < 0:
+        _fail(f"--seed must be >= 0 (env seeds cannot be negative), got {seed}")
+    if max_steps < 1:
+        _fail(f"--max-steps must be >= 1, got {max_steps}")
     try:
         instance = agentrl.make(env, **_parse_kwargs(env_arg))
     except agentrl.UnknownEnvError as e:
         _fail(str(e))
-    except TypeError as e:
+    except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
         _fail(f"bad env argument for {env!r}: {e}")
     result = play_episode(instance, seed=seed, expert=expert, max_steps=max_steps)
     raise typer.Exit(0 if result.ended else 1)
@@ -96,19 +103,16 @@ def run(
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
 ) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
-    from agentrl.config import ConfigError, RunConfig, _build, apply_overrides, load_config
-    from agentrl.models import UnknownModelError
-    from agentrl.registry import UnknownEnvError
-    from agentrl.train import TrainingError, train
+    from agentrl.config import ConfigError, apply_overrides, load_config
+    from agentrl.models import UnknownModelError, check_model_name
+    from agentrl.registry import UnknownEnvError, spec
 
     try:
         if resume is not None:
             saved = resume / "config.yaml"
-            if not saved.exists():
+            if not saved.is_file():
                 _fail(f"cannot resume {resume}: no config.yaml there (is it an agentrl run folder?)")
-            import yaml
-
-            cfg = _build(RunConfig, yaml.safe_load(saved.read_text()))
+            cfg = load_config(saved)
             output = resume
         else:
             cfg = load_config(config)
@@ -125,6 +129,14 @@ def run(
         elif env is not None and env != cfg.env.id:
             overrides["env.kwargs"] = {}  # the default kwargs belong to the default env
         cfg = apply_overrides(cfg, overrides)
+        # Typos in the env or model name must not wait for the trainer's imports (seconds).
+        spec(cfg.env.id)
+        check_model_name(cfg.model)
+    except (ConfigError, UnknownModelError, UnknownEnvError) as e:
+        _fail(str(e))
+    from agentrl.train import TrainingError, train
+
+    try:
         out = train(cfg, resume=resume is not None)
     except (ConfigError, UnknownModelError, UnknownEnvError, TrainingError) as e:
         _fail(str(e))
@@ -236,6 +248,8 @@ def webshop_serve(
     """Serve the WebShop pages as HTML for a person to shop in a browser (same pages, actions and score)."""
     from agentrl.envs.webshop.server import serve
 
+    if not 0 <= port <= 65535:
+        _fail(f"--port must be in 0..65535 (0 picks a free one), got {port}")
     try:
         serve(host=host, port=port, **_parse_kwargs(env_arg))
     except (TypeError, ValueError, OSError) as e:

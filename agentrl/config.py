@@ -13,6 +13,8 @@ Unknown keys are errors that name the key and list the valid ones: a typo must n
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,13 @@ __all__ = [
 
 
 class ConfigError(ValueError):
-    """A config file or override that does not fit the dataclasses (unknown key, wrong type)."""
+    """A config file or override that does not fit the dataclasses (unknown key, wrong type, value out of range)."""
+
+
+ROUTING_REPLAY_MODES = ("none", "r2", "r3")
+"""`LossConfig.routing_replay` values."""
+DTYPES = ("float32", "bfloat16", "float16")
+"""`RunConfig.dtype` values (torch dtype names)."""
 
 
 @dataclass
@@ -40,6 +48,10 @@ class EnvConfig:
     """Constructor keyword arguments for the env."""
     seed_offset: int = 0
     """Task seeds of step s are `seed_offset + s * prompts_per_step + i`: every step sees new tasks."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.id, str) and bool(self.id), "env.id", self.id, "a registered env id")
+        _require(self.seed_offset >= 0, "env.seed_offset", self.seed_offset, ">= 0 (env seeds cannot be negative)")
 
 
 @dataclass
@@ -93,6 +105,28 @@ class RolloutConfig:
     max_staleness: int = 1
     """Async mode: train only on samples at most this many policy versions old (fresher ones first)."""
 
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_step", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
+                     "engine_batch_size", "sync_every"):
+            _require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name), ">= 1")
+        for name in ("top_k", "recap_actions", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
+            _require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name), ">= 0")
+        # Greedy decoding would give every episode of a group the same reply: zero advantages, nothing to learn.
+        _require(self.temperature > 0, "rollout.temperature", self.temperature, "> 0 for training")
+        _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
+        _require(self.step_timeout > 0, "rollout.step_timeout", self.step_timeout, "> 0 seconds")
+        _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
+                 "rollout.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
+        from agentrl.context import OBSERVATION_ROLES
+
+        _require(self.observation_role in OBSERVATION_ROLES, "rollout.observation_role", self.observation_role,
+                 f"one of {', '.join(OBSERVATION_ROLES)}")
+        if self.chat_family:
+            from agentrl.templates import FAMILIES
+
+            _require(self.chat_family in FAMILIES, "rollout.chat_family", self.chat_family,
+                     f"empty (detect it) or one of {', '.join(FAMILIES)}")
+
 
 @dataclass
 class LossConfig:
@@ -114,6 +148,19 @@ class LossConfig:
     per_turn_samples: bool = False
     """One training sample per turn instead of merging turns while the token prefix holds."""
 
+    def __post_init__(self) -> None:
+        from agentrl.objective import ADVANTAGES, loss_options
+
+        try:  # the loss owns its option names and values: build them once now rather than fail at step 0
+            loss_options(self.name, **self.options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"loss: {e}") from None
+        _require(self.advantage in ADVANTAGES, "loss.advantage", self.advantage, f"one of {', '.join(ADVANTAGES)}")
+        _require(self.n_minibatches >= 1, "loss.n_minibatches", self.n_minibatches, ">= 1")
+        _require(self.micro_batch_size >= 1, "loss.micro_batch_size", self.micro_batch_size, ">= 1")
+        _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
+                 f"one of {', '.join(ROUTING_REPLAY_MODES)}")
+
 
 @dataclass
 class OptimConfig:
@@ -127,6 +174,13 @@ class OptimConfig:
     """Adam betas."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 = off)."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", self.lr, "> 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, ">= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", list(self.betas),
+                 "two numbers in [0, 1), e.g. [0.9, 0.999]")
+        _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, ">= 0 (0 = off)")
 
 
 @dataclass
@@ -143,6 +197,12 @@ class GuardConfig:
     """Consecutive bad steps before acting."""
     action: str = "stop"
     """``stop`` or ``rollback`` (to the last good checkpoint)."""
+
+    def __post_init__(self) -> None:
+        from agentrl.objective.collapse_guard import GUARD_ACTIONS
+
+        _require(self.action in GUARD_ACTIONS, "guard.action", self.action, f"one of {', '.join(GUARD_ACTIONS)}")
+        _require(self.patience >= 1, "guard.patience", self.patience, ">= 1")
 
 
 @dataclass
@@ -169,19 +229,56 @@ class RunConfig:
     dtype: str = "float32"
     """Training precision (float32 on CPU)."""
 
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "steps", self.steps, ">= 1")
+        _require(self.save_every >= 1, "save_every", self.save_every, ">= 1")
+        _require(bool(self.output.strip()), "output", self.output, "a folder path")
+        _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        if self.loss.advantage == "passk":  # Pass@k compares k episodes of one group: it needs at least k of them
+            import inspect
+
+            from agentrl.objective import ADVANTAGES
+
+            k = inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default
+            _require(self.rollout.group_size >= k, "rollout.group_size", self.rollout.group_size,
+                     f">= {k} with loss.advantage passk (pass@{k} needs {k} episodes per group)")
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise a `ConfigError` naming the key, the bad value and what is allowed, unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key} must be {allowed}, got {value!r}")
+
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # `X | None`: None is allowed, anything else must be an X
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None and len(options) < len(typing.get_args(tp)):
+            return None
+        if len(options) == 1:
+            return _coerce(value, options[0], where)
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return _build(tp, value, where)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping (KEY: VALUE lines or {{key: value}}), got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        item_types = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(item_types) != len(value):
+            raise ConfigError(f"{where}: expected a list of {len(item_types)} values, got {list(value)!r}")
+        return tuple(_coerce(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, item_types)))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if origin is tuple and isinstance(value, (list, tuple)):
-        return tuple(value)
     simple = {int: int, float: float, str: str, bool: bool}
-    if tp in simple and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+    if tp in simple and not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
         raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
     return value
 
@@ -192,7 +289,10 @@ def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
     unknown = sorted(set(values) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!r}; valid keys here: {', '.join(sorted(names))}")
+        close = difflib.get_close_matches(str(unknown[0]), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        valid = ", ".join(sorted(names))
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!r}.{hint} Valid keys here: {valid}")
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in values.items()}
     return cls(**kwargs)
 
@@ -212,13 +312,20 @@ def load_config(path: str | Path | None = None) -> RunConfig:
     try:
         values = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({e})") from None
+        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of config sections")
     try:
         return _build(RunConfig, values)
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """One line for a YAML parse error: what is wrong and where (PyYAML's own text spans several lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:

@@ -280,6 +280,8 @@ class EvalConfig:
         if self.max_turns < 1 or self.max_new_tokens < 1:
             raise EvalError(f"--max-turns and --max-new-tokens must be >= 1, got {self.max_turns}, "
                             f"{self.max_new_tokens}")
+        if self.seed_offset < 0:
+            raise EvalError(f"--seed-offset must be >= 0 (env seeds cannot be negative), got {self.seed_offset}")
         if not 0 < self.confidence < 1:
             raise EvalError(f"confidence must be in (0, 1), got {self.confidence}")
 
@@ -413,8 +415,15 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     env_kwargs, split = resolve_split(cfg.env_id, spec.load(), cfg.env_kwargs, cfg.split)
     try:
         agentrl.make(cfg.env_id, **env_kwargs).close()
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OSError) as e:
         raise EvalError(f"bad arguments for env {cfg.env_id!r} {env_kwargs}: {e}") from None
+    out = Path(cfg.output)
+    if out.exists() and not out.is_dir():
+        raise EvalError(f"cannot write results to {out}: it is a file, --output needs a folder")
+    try:  # before the model loads: a bad --output must not cost a whole evaluation
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EvalError(f"cannot write results to {out}: {e.strerror or e}") from None
 
     policy = load_model(cfg.model)
     policy.model.eval()
@@ -427,8 +436,6 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     _print_settings(console, resolved, trained)
 
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     engine = HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size)
     seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]

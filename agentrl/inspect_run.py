@@ -26,6 +26,10 @@ __all__ = ["EpisodeStats", "StepSummary", "InspectError", "read_episode_stats", 
            "inspect_run", "plot_shifts"]
 
 
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+"""File endings `--plot` accepts (matplotlib picks the format from them)."""
+
+
 class InspectError(ValueError):
     """The folder is not a run folder, or a saved file is malformed; the message names the file and line."""
 
@@ -282,6 +286,14 @@ def inspect_run(run_dir: str | Path, *, plot: str | Path | None = None, every: i
 
     console = console or Console()
     run = Path(run_dir)
+    if run.is_file():  # `agentrl inspect runs/x/trajectories.jsonl` means its folder
+        run = run.parent
+    if plot is not None:  # check before the (possibly long) read, so a typo costs nothing
+        plot = Path(plot)
+        if plot.suffix.lower() not in PLOT_FORMATS:
+            raise InspectError(f"--plot {plot}: the file name must end in {', '.join(PLOT_FORMATS)}")
+        if not plot.parent.is_dir():
+            raise InspectError(f"--plot {plot}: the folder {plot.parent} does not exist")
     path = run / "trajectories.jsonl"
     if not path.exists():
         hint = " (the run was started with save_trajectories: false?)" if (run / "metrics.jsonl").exists() else ""

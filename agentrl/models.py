@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "UnknownModelError"]
+__all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "check_model_name", "UnknownModelError"]
 
 # Qwen3's published generation_config.json (thinking mode), the settings its model card asks for.
 QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
@@ -110,6 +110,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     Raises:
         UnknownModelError: with the list of built-ins, when `name` is none of these.
     """
+    check_model_name(name)  # before importing transformers (seconds): a typo is answered at once
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name in ("tiny-qwen3", "tiny-qwen3-moe"):
@@ -131,17 +132,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
         return LoadedModel(name, model, tokenizer, {}, family="chatml")
 
     path = Path(name).expanduser()
-    looks_local = path.exists() or name.startswith((".", "/", "~")) or os.sep in name.strip("/").split("/", 1)[-1]
-    if looks_local and not (path / "config.json").exists():
-        raise UnknownModelError(
-            f"unknown model {name!r}: no config.json in that folder. Built-in models: {', '.join(BUILTIN_MODELS)}"
-        )
-    close = difflib.get_close_matches(name, BUILTIN_MODELS, n=1, cutoff=0.7)
-    if close and not looks_local and "/" not in name:  # a typo of a built-in: answer now, not after hub retries
-        raise UnknownModelError(
-            f"unknown model {name!r}. Did you mean {close[0]!r}? Built-in models: {', '.join(BUILTIN_MODELS)}"
-        )
-    if not looks_local:  # the hub client retries for about a minute when offline: say what is going on
+    if not _looks_local(name):  # the hub client retries for about a minute when offline: say what is going on
         print(f"model {name!r} is not a built-in or a local folder: loading it from the Hugging Face hub",
               file=sys.stderr)
     try:
@@ -157,6 +148,31 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     saved = path / "agentrl_model.json"  # written by our checkpoints: keeps the family of what was fine-tuned
     family = json.loads(saved.read_text())["family"] if saved.exists() else _guess_family(model.config)
     return LoadedModel(name, model, tokenizer, generation, family=family)
+
+
+def _looks_local(name: str) -> bool:
+    """True when `name` reads as a path rather than a hub id (``org/name``)."""
+    return Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or (
+        os.sep in name.strip("/").split("/", 1)[-1])
+
+
+def check_model_name(name: str) -> None:
+    """Reject a folder that is not a model, or a near-miss of a built-in name, without loading or downloading anything.
+
+    Raises:
+        UnknownModelError: naming the model and listing the built-ins (with the closest one for a typo).
+    """
+    if name in BUILTIN_MODELS:
+        return
+    builtins = ", ".join(BUILTIN_MODELS)
+    if _looks_local(name):
+        if not (Path(name).expanduser() / "config.json").exists():
+            raise UnknownModelError(
+                f"unknown model {name!r}: no config.json in that folder. Built-in models: {builtins}")
+        return
+    close = difflib.get_close_matches(name, BUILTIN_MODELS, n=1, cutoff=0.7)
+    if close and "/" not in name:  # a typo of a built-in: answer now, not after a minute of hub retries
+        raise UnknownModelError(f"unknown model {name!r}. Did you mean {close[0]!r}? Built-in models: {builtins}")
 
 
 def _guess_family(config: Any) -> str:

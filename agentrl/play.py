@@ -40,7 +40,8 @@ def play_episode(env: TextEnv, seed: int = 0, expert: bool = False, max_steps: i
         else:
             try:
                 action = input_fn("> ")
-            except EOFError:
+            except EOFError:  # stdin closed (Ctrl-D, or a pipe ran dry): stop cleanly and say so
+                print_fn("\n[end of input: the episode was not finished]")
                 break
         obs, reward, terminated, truncated, info = env.step(action)
         steps += 1

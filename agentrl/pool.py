@@ -10,7 +10,11 @@ Two pools share one small interface (`submit_reset`, `submit_step`, `poll`, `clo
   breakpoint in `env.step` works, and there is no Ray at all. A hanging env hangs the run (no timeout).
 * `RayPool` (``--runners N``): the N slots are spread over a few Ray actors (`EnvHost`, by default one per CPU
   of the cluster), so 32 runners cost a handful of processes, not 32 processes of ~50 MB each. Calls are Ray
-  futures, so env steps run while the driver generates for other episodes.
+  futures, so env steps run while the driver generates for other episodes. Submitting only queues a call; `poll`
+  sends each actor ONE Ray call with all its queued env calls (a scheduling round), and the results stream back
+  as they finish. A Ray message costs about a millisecond of driver and actor time, far more than a cheap env step
+  (math: ~0.1 ms), so one message per actor per round instead of one per slot is what lets cheap envs scale; the
+  streaming keeps a slow step from holding back its neighbours' results.
 
 Shared state (the `TextEnv.shared` declaration): an env class may name a `SharedResource` subclass holding heavy
 read-only data (a catalogue, a search index, a problem file). The pool builds it ONCE in the driver and puts it in
@@ -29,8 +33,10 @@ seed (see `agentrl.rollout`):
 
 * the env raises in `reset` / `step` / construction: `EnvFailure(kind="error")` with the traceback; the slot's env
   is rebuilt on its next episode.
-* a call runs past `step_timeout`: the actor (and its stuck thread) is killed and restarted;
-  `kind="timeout"` for that call, `kind="actor_restarted"` for its neighbours in flight.
+* a call runs past `step_timeout` (timed inside the actor, from when its thread starts it): the actor (and its
+  stuck thread) is killed and restarted; `kind="timeout"` for that call, `kind="actor_restarted"` for its
+  neighbours in flight. An actor that gives no result at all for 2 x step_timeout + 10 s (its event loop is
+  blocked) is restarted too, its calls failing as timeouts.
 * the actor process dies (OOM killer, segfault, kill -9): Ray restarts it; `kind="actor_died"` for its calls.
 """
 
@@ -43,7 +49,7 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -286,6 +292,10 @@ class LocalPool:
         self.close()
 
 
+Call = tuple[int, int, str, tuple]
+"""What `EnvHost.run` receives per env call: (call id, slot, ``"reset"`` or ``"step"``, arguments)."""
+
+
 class EnvHost:
     """A Ray actor hosting the envs of several slots (wrapped with `ray.remote` by `RayPool`).
 
@@ -294,32 +304,70 @@ class EnvHost:
         shared: the shared resource (resolved from the object store by Ray), or None.
         build_shared: build the shared resource here (it could not be pickled in the driver).
         threads: worker threads; slot `s` always runs on thread `s % threads`.
+        step_timeout: seconds one env call may run once its thread has started it.
     """
 
-    def __init__(self, maker: EnvMaker, shared: SharedResource | None, build_shared: bool, threads: int):
+    def __init__(self, maker: EnvMaker, shared: SharedResource | None, build_shared: bool, threads: int,
+                 step_timeout: float = 60.0):
         self._slots = _Slots(maker, maker.build_shared() if build_shared else shared)
+        self._step_timeout = step_timeout
         # One single-thread executor per lane pins each env to the thread that created it.
         self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"env-lane{i}") for i in range(threads)]
-
-    async def _run(self, slot: int, fn: Callable[[], Any]) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._lanes[slot % len(self._lanes)], fn)
 
     async def ready(self) -> int:
         """The actor's process id, once it is constructed."""
         return os.getpid()
 
-    async def reset(self, slot: int, seed: int, fresh: bool) -> StepResult | EnvFailure:
-        """`reset` the env of `slot` (building it if needed)."""
-        return await self._run(slot, functools.partial(self._slots.reset, slot, seed, fresh))
+    async def run(self, calls: list[Call]) -> AsyncIterator[list[tuple[int, StepResult | EnvFailure]]]:
+        """Start every call at once (each on its slot's thread); yield ``(call id, outcome)`` lists as they finish.
 
-    async def step(self, slot: int, action: str) -> StepResult | EnvFailure:
-        """`step` the env of `slot`."""
-        return await self._run(slot, functools.partial(self._slots.step, slot, action))
+        One Ray call carries the env calls of a whole scheduling round for this actor, and its results stream back
+        in a few messages: a cheap env step costs far less than a Ray message, while a slow step must not hold back
+        the results of its fast neighbours.
+        """
+        loop = asyncio.get_running_loop()
+        tasks = {asyncio.ensure_future(self._timed(slot, op, args)): call_id for call_id, slot, op, args in calls}
+        pending: set[asyncio.Future] = set(tasks)
+        t0 = loop.time()
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if pending:
+                # Calls started together tend to end together: wait a little for the others so that one message
+                # carries several results, never longer than half the time the first one took (at most 50 ms).
+                linger = min(0.05, 0.002 + 0.5 * (loop.time() - t0))
+                more, pending = await asyncio.wait(pending, timeout=linger)
+                done |= more
+            yield [(tasks[task], task.result()) for task in done]
+
+    async def _timed(self, slot: int, op: str, args: tuple) -> StepResult | EnvFailure:
+        """Run one env call on its slot's thread, or report a timeout.
+
+        `step_timeout` counts from when the thread starts the call, not from when it was queued behind a neighbour.
+        A stuck thread cannot be stopped: the driver restarts the whole actor when it sees the timeout.
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.create_future()
+        fn = functools.partial(self._slots.reset if op == "reset" else self._slots.step, slot, *args)
+
+        def body() -> StepResult | EnvFailure:
+            loop.call_soon_threadsafe(started.set_result, None)
+            return fn()
+
+        result = loop.run_in_executor(self._lanes[slot % len(self._lanes)], body)
+        try:
+            await started
+            return await asyncio.wait_for(asyncio.shield(result), self._step_timeout)
+        except asyncio.TimeoutError:
+            return EnvFailure("timeout", f"{op} of slot {slot} ran past step_timeout={self._step_timeout}s")
+        except Exception as e:  # `_Slots` reports env errors itself: this is the machinery failing
+            return _failure_from(e, f"{op} of slot {slot}")
 
     async def close_all(self) -> None:
         """Close every env of this actor."""
+        loop = asyncio.get_running_loop()
         for slot in list(self._slots.envs):
-            await self._run(slot, functools.partial(self._slots.close, slot))
+            await loop.run_in_executor(self._lanes[slot % len(self._lanes)],
+                                       functools.partial(self._slots.close, slot))
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -347,27 +395,42 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     return True
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Call:
+    id: int
     slot: int
     op: Literal["reset", "step"]
+    args: tuple
     host: int
-    submitted: float
+
+
+@dataclass
+class _Stream:
+    """One `EnvHost.run` call in flight: its actor, the calls not answered yet, when it last made progress."""
+
+    host: int
+    calls: dict[int, _Call]
+    progress_at: float
 
 
 class RayPool:
-    """`slots` envs spread over a few Ray actors; calls are futures, collected with `poll`.
+    """`slots` envs spread over a few Ray actors; calls go out in batches, one per actor, collected with `poll`.
+
+    `submit_reset` / `submit_step` only queue a call. `poll` first sends the queue: one Ray call per actor carrying
+    all of that actor's calls (a scheduling round of the rollout loop), whose results stream back as they finish.
 
     Args:
         maker: builds the envs (must be picklable: a registry id, or an importable class).
         slots: concurrent episodes.
         actors: runner processes; 0 picks one per CPU of the cluster (never more than `slots`).
-        step_timeout: seconds an env call may run once its actor is up; past it the actor is restarted.
+        step_timeout: seconds an env call may run in its runner; past it the runner is restarted.
         address: Ray cluster to join; None starts a local Ray (shut down again by `close`).
+        batch_calls: send each actor's queued calls as one Ray call. False sends one Ray call per env call (the
+            behaviour before batching; `bench/pool_throughput.py` measures it as the baseline).
     """
 
     def __init__(self, maker: EnvMaker, slots: int, *, actors: int = 0, step_timeout: float = 60.0,
-                 address: str | None = None):
+                 address: str | None = None, batch_calls: bool = True):
         import ray
 
         if slots < 1:
@@ -376,6 +439,7 @@ class RayPool:
             raise ValueError(f"step_timeout must be positive, got {step_timeout}")
         self.slots = slots
         self.step_timeout = step_timeout
+        self.batch_calls = batch_calls
         maker = maker.resolved()
         self._owns_ray = start_ray(address)
         cluster_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -396,15 +460,18 @@ class RayPool:
 
         remote_host = ray.remote(EnvHost).options(
             max_restarts=-1, max_task_retries=0, num_cpus=min(1.0, cluster_cpus / n_actors),
-            max_concurrency=max(8, 2 * slots_per_actor), scheduling_strategy="SPREAD",
+            max_concurrency=max(8, 2 * slots_per_actor + 2), scheduling_strategy="SPREAD",
         )
-        self._hosts = [remote_host.remote(maker, shared_arg, build_in_actor, threads) for _ in range(n_actors)]
+        self._hosts = [remote_host.remote(maker, shared_arg, build_in_actor, threads, step_timeout)
+                       for _ in range(n_actors)]
         self._ready_at: list[float | None] = [None] * n_actors
         self._ready_refs = {h.ready.remote(): i for i, h in enumerate(self._hosts)}
-        self._calls: dict[Any, _Call] = {}
-        self._held: list[tuple[int, str, tuple]] = []  # calls for actors still (re)starting: sent once they are up
-        self._pending: list[Completion] = []
+        self._queued: list[_Call] = []  # submitted, not sent yet (or held while their actor restarts)
+        self._streams: dict[Any, _Stream] = {}  # ObjectRefGenerator -> its calls still unanswered
+        self._pending: list[Completion] = []  # failures decided in the driver (restarts), returned by `poll`
+        self._next_id = 0
         self.restarts = 0
+        self.messages = 0  # Ray calls sent for env calls (tests and benchmarks read it)
 
     @property
     def actors(self) -> int:
@@ -420,44 +487,61 @@ class RayPool:
         return self._hosts[index]
 
     def submit_reset(self, slot: int, seed: int, fresh: bool = False) -> None:
-        """Start an episode in `slot`; the result comes back from `poll`."""
-        self._submit(slot, "reset", (slot, int(seed), bool(fresh)))
+        """Start an episode in `slot`; the call goes out with the next `poll`, its result comes back from a `poll`."""
+        self._queue(slot, "reset", (int(seed), bool(fresh)))
 
     def submit_step(self, slot: int, action: str) -> None:
-        """Step the env of `slot`; the result comes back from `poll`."""
-        self._submit(slot, "step", (slot, action))
+        """Step the env of `slot`; the call goes out with the next `poll`, its result comes back from a `poll`."""
+        self._queue(slot, "step", (action,))
 
-    def _submit(self, slot: int, op: str, args: tuple) -> None:
-        host = self.host_of(slot)
-        if self._ready_at[host] is None:  # a restarting actor refuses calls: hold them until it is back
-            self._held.append((slot, op, args))
-            return
-        ref = getattr(self._hosts[host], op).remote(*args)
-        self._calls[ref] = _Call(slot, op, host, time.monotonic())  # type: ignore[arg-type]
+    def _queue(self, slot: int, op: Literal["reset", "step"], args: tuple) -> None:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} out of range: this pool has {self.slots} slots")
+        self._queued.append(_Call(self._next_id, slot, op, args, self.host_of(slot)))
+        self._next_id += 1
+
+    def _flush(self) -> None:
+        """Send the queued calls of every running actor; calls for an actor that is (re)starting stay queued."""
+        by_host: dict[int, list[_Call]] = {}
+        held = []
+        for call in self._queued:
+            if self._ready_at[call.host] is None:  # a restarting actor refuses calls: hold them until it is back
+                held.append(call)
+            else:
+                by_host.setdefault(call.host, []).append(call)
+        self._queued = held
+        now = time.monotonic()
+        for host, calls in by_host.items():
+            for batch in [calls] if self.batch_calls else [[c] for c in calls]:
+                gen = self._hosts[host].run.options(num_returns="streaming").remote(
+                    [(c.id, c.slot, c.op, c.args) for c in batch])
+                self._streams[gen] = _Stream(host, {c.id: c for c in batch}, now)
+                self.messages += 1
 
     @property
     def in_flight(self) -> int:
         """Calls submitted but not yet returned by `poll`."""
-        return len(self._calls) + len(self._pending) + len(self._held)
+        return sum(len(s.calls) for s in self._streams.values()) + len(self._queued) + len(self._pending)
 
     def poll(self, block: bool = True, gather_seconds: float = 0.002) -> list[Completion]:
-        """Finished calls. With `block`, wait for at least one (checking timeouts every 0.2 s).
+        """Send the queued calls, then return the finished ones. With `block`, wait for at least one.
 
-        After the first completion, calls that finish within `gather_seconds` are collected too, so the engine's
+        After the first completion, results that arrive within `gather_seconds` are collected too, so the engine's
         next batch is not a batch of one.
         """
         import ray
 
         while True:
             self._check_ready()
+            self._flush()
             done = self._collect(timeout=0.0)
-            if done or not block or not (self._calls or self._held):
+            if done or self._pending or not block or not (self._streams or self._queued):
                 break
             done = self._collect(timeout=0.2, first=True)
             if done:
                 done += self._collect(timeout=gather_seconds)
                 break
-            self._check_timeouts(ray)
+            self._check_unresponsive(ray)
         out, self._pending = self._pending + done, []
         return out
 
@@ -474,35 +558,63 @@ class RayPool:
                 self._ready_at[index] = time.monotonic()
             except Exception:  # died while starting: Ray restarts it; ask again
                 self._ready_refs[self._hosts[index].ready.remote()] = index
-        held, self._held = self._held, []
-        for slot, op, args in held:
-            self._submit(slot, op, args)
 
     def _collect(self, timeout: float, first: bool = False) -> list[Completion]:
         import ray
 
-        if not self._calls:
-            return []
-        refs = list(self._calls)
+        refs = list(self._streams)
         if first:  # also wake up when a restarting actor comes back, so its held calls go out
             refs += list(self._ready_refs)
+        if not refs:
+            return []
         ready, _ = ray.wait(refs, num_returns=1 if first else len(refs), timeout=timeout)
         if first and ready:  # anything else already finished comes along
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        out = []
-        for ref in ready:
-            if ref not in self._calls:  # an actor's ready signal: `_check_ready` handles it
+        out: list[Completion] = []
+        timed_out: set[int] = set()
+        for gen in ready:
+            stream = self._streams.get(gen)
+            if stream is None:  # an actor's ready signal (`_check_ready` handles it), or a stream already failed
                 continue
-            call = self._calls.pop(ref)
             try:
-                outcome = ray.get(ref)
+                items = ray.get(next(gen))
+            except StopIteration:  # cannot happen while calls are unanswered; fail them rather than wait forever
+                items = [(i, EnvFailure("error", f"runner {stream.host} ended a batch without answering"))
+                         for i in stream.calls]
             except ray.exceptions.RayActorError as e:
-                outcome = EnvFailure("actor_died", f"runner {call.host} died: {type(e).__name__}: {e}")
-                self._mark_restarting(call.host)
-            except Exception as e:  # a Ray-level failure (serialization, object lost) fails the episode only
-                outcome = EnvFailure("error", f"runner {call.host}: {type(e).__name__}: {e}")
-            out.append(Completion(call.slot, call.op, outcome))
+                items = [(i, EnvFailure("actor_died", f"runner {stream.host} died: {type(e).__name__}: {e}"))
+                         for i in stream.calls]
+                self._mark_restarting(stream.host)
+            except Exception as e:  # a Ray-level failure (serialization, object lost) fails these episodes only
+                items = [(i, EnvFailure("error", f"runner {stream.host}: {type(e).__name__}: {e}"))
+                         for i in stream.calls]
+            stream.progress_at = time.monotonic()
+            for call_id, outcome in items:
+                call = stream.calls.pop(call_id)
+                out.append(Completion(call.slot, call.op, outcome))
+                if isinstance(outcome, EnvFailure) and outcome.kind == "timeout":
+                    timed_out.add(call.host)
+            if not stream.calls:
+                del self._streams[gen]  # its last message carried its last result: no need to wait for the end
+        for host in timed_out:
+            log.warning("runner %d: an env call ran past step_timeout=%.1fs; restarting the runner", host,
+                        self.step_timeout)
+            self._restart(host, "a neighbour's timeout")
         return out
+
+    def _restart(self, host: int, why: str, kind: FailureKind = "actor_restarted") -> None:
+        """Kill and restart actor `host` (a stuck thread cannot be stopped from outside); fail its calls in flight."""
+        import ray
+
+        for gen, stream in list(self._streams.items()):
+            if stream.host != host:
+                continue
+            del self._streams[gen]
+            for call in stream.calls.values():
+                self._pending.append(Completion(call.slot, call.op,
+                                                EnvFailure(kind, f"runner {host} restarted after {why}")))
+        ray.kill(self._hosts[host], no_restart=False)
+        self._mark_restarting(host)
 
     def _mark_restarting(self, host: int) -> None:
         if self._ready_at[host] is None:
@@ -511,27 +623,20 @@ class RayPool:
         self.restarts += 1
         self._ready_refs[self._hosts[host].ready.remote()] = host
 
-    def _check_timeouts(self, ray: Any) -> None:
+    def _check_unresponsive(self, ray: Any) -> None:
+        """Restart an actor that gave no result for 2 x step_timeout + 10 s, failing its calls as timeouts.
+
+        A backstop: an env call stuck in C code that holds the GIL stops the actor's event loop, so the actor's own
+        per-call timeouts cannot fire.
+        """
         now = time.monotonic()
-        for ref, call in list(self._calls.items()):
-            ready_at = self._ready_at[call.host]
-            if ref not in self._calls or ready_at is None:
-                continue  # the actor is (re)starting: its start-up time does not count against the env
-            if now - max(call.submitted, ready_at) <= self.step_timeout:
+        limit = 2 * self.step_timeout + 10
+        for stream in list(self._streams.values()):
+            ready_at = self._ready_at[stream.host]
+            if ready_at is None or now - max(stream.progress_at, ready_at) <= limit:
                 continue
-            # A stuck thread cannot be stopped from outside: restart the whole actor, failing its calls in flight.
-            log.warning("runner %d: %s of slot %d ran past step_timeout=%.1fs; restarting the runner",
-                        call.host, call.op, call.slot, self.step_timeout)
-            for other_ref, other in list(self._calls.items()):
-                if other.host != call.host:
-                    continue
-                del self._calls[other_ref]
-                kind: FailureKind = "timeout" if other_ref == ref else "actor_restarted"
-                message = (f"{call.op} ran past step_timeout={self.step_timeout}s" if other_ref == ref
-                           else f"runner {call.host} restarted after a neighbour's timeout")
-                self._pending.append(Completion(other.slot, other.op, EnvFailure(kind, message)))
-            ray.kill(self._hosts[call.host], no_restart=False)
-            self._mark_restarting(call.host)
+            log.warning("runner %d gave no result for %.0fs; restarting it", stream.host, limit)
+            self._restart(stream.host, f"giving no result for {limit:.0f}s", kind="timeout")
 
     def close(self) -> None:
         """Close the envs, stop the actors, and shut Ray down if this pool started it."""
@@ -545,7 +650,7 @@ class RayPool:
             log.info("closing runner envs: %s", e)
         for h in self._hosts:
             ray.kill(h, no_restart=True)
-        self._hosts, self._calls = [], {}
+        self._hosts, self._streams, self._queued = [], {}, []
         if self._owns_ray:
             ray.shutdown()
 

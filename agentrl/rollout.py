@@ -2,7 +2,8 @@
 
 Episodes run side by side. The driver keeps each episode's chat context and calls the engine once per round on
 every episode that is waiting for an action (turns are batched across episodes); the actions go to the runner pool
-(`agentrl.pool`) as futures, so with Ray runners the envs step while the engine generates for other episodes.
+(`agentrl.pool`) as futures, one Ray call per runner process per round, so with Ray runners the envs step while the
+engine generates for other episodes.
 With the in-process pool (``runners=0``) every call returns at once and each round is exactly one turn of every
 running episode. Token-in/token-out: the ids the engine generated go into the next turn's context verbatim (see
 `agentrl.context`), never re-tokenized from text; runners only ever see action text.

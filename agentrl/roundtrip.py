@@ -203,6 +203,8 @@ def load_conversations(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.exists():
         raise ValueError(f"conversations file not found: {p}")
+    if p.is_dir():
+        raise ValueError(f"{p} is a folder; --conversations needs a JSON/JSONL file (e.g. a run's trajectories.jsonl)")
     text = p.read_text()
     try:
         items = json.loads(text) if p.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
@@ -216,8 +218,32 @@ def load_conversations(path: str | Path) -> list[dict[str, Any]]:
             item = {"messages": item}
         if not isinstance(item, dict) or not ("messages" in item or "turns" in item):
             raise ValueError(f"{p}: item {i} is neither a conversation ({{'messages': [...]}}) nor a trajectory")
+        problem = _conversation_problem(item)
+        if problem:
+            raise ValueError(f"{p}: item {i}: {problem}")
         out.append(item)
+    if not out:
+        raise ValueError(f"{p}: no conversations in the file")
     return out
+
+
+def _conversation_problem(item: dict[str, Any]) -> str:
+    """What is wrong with a loaded conversation or trajectory, or "" when it can be checked."""
+    if "turns" in item:
+        turns = item["turns"]
+        if not isinstance(turns, list) or not all(isinstance(t, dict) and "prompt_ids" in t and "generated_ids" in t
+                                                  for t in turns):
+            return "'turns' must be a list of saved turns (with prompt_ids and generated_ids)"
+        return ""
+    messages = item["messages"]
+    if not isinstance(messages, list):
+        return f"'messages' must be a list of {{'role': ..., 'content': ...}} objects, got {type(messages).__name__}"
+    for j, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            return f"message {j} must be an object with string 'role' and 'content', got {m!r}"
+    if not any(m["role"] == "assistant" for m in messages):
+        return "no assistant message: there is no reply to check"
+    return ""
 
 
 def check_conversations(tokenizer, conversations: Sequence[dict[str, Any]], *, family: str | None = None,
@@ -326,7 +352,8 @@ def template_report(model: str, conversations_path: str | Path | None = None, *,
         family: force a family instead of detecting it.
         enable_thinking: set the template's thinking switch (None keeps its default).
     """
-    tokenizer = load_tokenizer(model)
+    # The file first: a malformed one is reported at once, before the tokenizer (and transformers) load.
     conversations = BUILTIN_CONVERSATIONS if conversations_path is None else load_conversations(conversations_path)
+    tokenizer = load_tokenizer(model)
     chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     return check_conversations(tokenizer, conversations, family=family, chat_kwargs=chat_kwargs)

@@ -84,7 +84,8 @@ class _Progress:
 
     def __call__(self, stats: RolloutStats) -> None:
         now = time.monotonic()
-        if self.show is not None and now - self.last >= self.every:
+        finished = stats.episodes_done == stats.episodes  # always shown: a short rollout's final counts stay up
+        if self.show is not None and (now - self.last >= self.every or finished):
             self.last = now
             self.show(stats.progress_fields())
 
@@ -110,6 +111,8 @@ class RolloutScheduler:
         async_rollout: produce rollouts in a background thread, bounded by `max_staleness`.
         max_staleness: async mode: trajectories at most this many versions older than the trainer.
         start_step: the first step (after a resume).
+        stop_step: async mode: the producer stops after the rollout of step ``stop_step - 1`` (None: runs until
+            `close`, which wastes the rollout of a step nobody trains).
         rollout_kwargs: passed to `run_rollout` (max_turns, chat_kwargs, context options, ...).
         interrupted_path: where Ctrl-C saves the groups that had finished (None: not saved).
         progress: receives the live progress fields (episodes, env steps/s, tokens/s, errors).
@@ -121,6 +124,7 @@ class RolloutScheduler:
                  group_size: int, *, runners: int = 0, runner_actors: int = 0, ray_address: str | None = None,
                  step_timeout: float = 60.0, max_episode_retries: int = 2, sync_every: int = 1,
                  async_rollout: bool = False, max_staleness: int = 1, start_step: int = 0,
+                 stop_step: int | None = None,
                  rollout_kwargs: dict[str, Any] | None = None, interrupted_path: Any = None,
                  progress: Callable[[dict[str, str]], None] | None = None, maker: EnvMaker | None = None):
         if sync_every < 1:
@@ -131,7 +135,7 @@ class RolloutScheduler:
         self.seeds_for_step, self.sampling_for_step = seeds_for_step, sampling_for_step
         self.group_size, self.env_id = group_size, env_id
         self.sync_every, self.async_rollout, self.max_staleness = sync_every, async_rollout, max_staleness
-        self.start_step = start_step
+        self.start_step, self.stop_step = start_step, stop_step
         self.rollout_kwargs = dict(rollout_kwargs or {}, max_episode_retries=max_episode_retries)
         self.interrupted_path = interrupted_path
         self._progress = _Progress(progress)
@@ -192,7 +196,7 @@ class RolloutScheduler:
     def _produce(self) -> None:
         step = self.start_step
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and (self.stop_step is None or step < self.stop_step):
                 with self._cond:
                     # Never run further ahead than the staleness bound allows: such samples would be evicted.
                     while self._trainer_version < step - self.max_staleness and not self._stop.is_set():
@@ -215,6 +219,8 @@ class RolloutScheduler:
                 self._cond.notify_all()
 
     def _take(self, step: int) -> RolloutResult:
+        if self.stop_step is not None and step >= self.stop_step:
+            raise ValueError(f"step {step} is past stop_step={self.stop_step}: the producer made no rollout for it")
         with self._cond:
             while step not in self._produced and self._error is None:
                 self._cond.wait(0.5)

@@ -28,7 +28,7 @@ import torch
 import yaml
 
 import agentrl
-from agentrl.config import RunConfig, config_to_dict
+from agentrl.config import ConfigError, RunConfig, config_to_dict
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
@@ -148,6 +148,8 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not metrics_path.exists():  # no step finished (every group dropped): nothing to plot
+        return
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     if not rows:
         return
@@ -177,13 +179,21 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
     from tqdm import tqdm
 
     out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"cannot use {out} as the run folder: it is a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot use {out} as the run folder: {e.strerror or e}") from None
     torch.manual_seed(cfg.seed)
     dtype = getattr(torch, cfg.dtype)
 
     # The env: fail fast on an unknown id or bad kwargs, before loading a model.
     spec = agentrl.spec(cfg.env.id)
-    agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
+    try:
+        agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
+    except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
+        raise ConfigError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
 
     start_step = 0
     if resume:
@@ -191,20 +201,23 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
         if not (ckpt / "trainer_state.json").exists():
             raise TrainingError(f"nothing to resume in {out}: no {CHECKPOINT}/trainer_state.json")
         start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"] + 1
+        if start_step >= cfg.steps:
+            raise ConfigError(f"{out} already holds {start_step} trained step(s) and the run asks for {cfg.steps}: "
+                              f"pass --steps N with N > {start_step} to train further")
         policy = load_model(str(ckpt), dtype=dtype)
         policy.name = cfg.model
     else:
         policy = load_model(cfg.model, dtype=dtype)
+    model, tokenizer = policy.model, policy.tokenizer
+    router = _moe_router(model)  # None for dense models
+    if cfg.loss.routing_replay != "none" and router is None:
+        raise TrainingError(f"routing_replay={cfg.loss.routing_replay!r} needs an MoE model; {cfg.model} is dense")
+    # Only now, with every setting checked, may a new run replace what an earlier run left in the folder.
+    if not resume:
         for stale in ("metrics.jsonl", "trajectories.jsonl"):
             (out / stale).unlink(missing_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    model, tokenizer = policy.model, policy.tokenizer
     model.train()
-    router = _moe_router(model)  # None for dense models
-    if cfg.loss.routing_replay not in ("none", "r2", "r3"):
-        raise TrainingError(f"unknown routing_replay {cfg.loss.routing_replay!r}; choose none, r2 or r3")
-    if cfg.loss.routing_replay != "none" and router is None:
-        raise TrainingError(f"routing_replay={cfg.loss.routing_replay!r} needs an MoE model; {cfg.model} is dense")
     # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
     engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size, capture_routes=router is not None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
@@ -225,13 +238,23 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
     R, L = cfg.rollout, cfg.loss
 
     # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.scheduler).
+    # One progress line: the rollout's live counters (episodes, env steps/s, tok/s, errors) beside the last step's
+    # reward, so neither overwrites the other.
+    postfix: dict[str, str] = {}
+    bar = None  # the async producer may report before the bar exists
+
+    def show(fields: dict[str, str]) -> None:
+        postfix.update(fields)
+        if progress and bar is not None:
+            bar.set_postfix(postfix)
+
     scheduler = RolloutScheduler(
         cfg.env.id, cfg.env.kwargs, engine, model, tokenizer,
         seeds_for_step=lambda s: [cfg.env.seed_offset + s * R.prompts_per_step + i for i in range(R.prompts_per_step)],
         sampling_for_step=lambda s: sampling if sampling.seed is None else replace(sampling, seed=cfg.seed + s),
         group_size=R.group_size, runners=R.runners, runner_actors=R.runner_actors, ray_address=R.ray_address,
         step_timeout=R.step_timeout, max_episode_retries=R.max_episode_retries, sync_every=R.sync_every,
-        async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step,
+        async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step, stop_step=cfg.steps,
         rollout_kwargs=dict(
             max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
             context_options={"family": R.chat_family or None, "family_hint": policy.family,
@@ -239,7 +262,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
             max_new_tokens_by_turn=R.max_new_tokens_by_turn,
         ),
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
-        progress=lambda fields: bar.set_postfix(fields) if progress else None,
+        progress=show,
     )
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not progress,
                desc=f"{spec.id} x {cfg.model}", unit="step")
@@ -356,8 +379,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Pat
         with open(metrics_file, "a") as f:
             f.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                                 for k, v in metrics.items()}) + "\n")
-        bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}",
-                        kl_k3=f"{metrics.get('kl_k3', 0):.1e}")
+        show({"reward": f"{metrics['reward_mean']:.2f}", "success": f"{metrics['success_rate']:.2f}",
+              "kl_k3": f"{metrics.get('kl_k3', 0):.1e}"})
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(out, policy, optimizer, step)
         if cfg.guard.enabled:

@@ -7,8 +7,15 @@ sequence of turns, each a generation followed by an env step, with long-tailed l
 * turns per episode: 1 + a geometric draw (mean `--turns`), capped at 15;
 * generation per turn: lognormal tokens (median 120, sigma 0.9, capped at 1024) at `--decode-tok-s`;
 * env step: lognormal seconds (median `--env-median`, sigma 1.2): most steps are fast, a few take ten times longer;
-* with ``--trajectories run/trajectories.jsonl``, turns, generation and env seconds are resampled from a real run
-  instead (`Turn.generate_seconds`, `Turn.env_seconds`).
+* with ``--trajectories run/trajectories.jsonl``, every latency is measured instead: the number of turns is drawn
+  from the run's episode lengths, and each turn's (generation, env) seconds pair from the run's turns
+  (`Turn.generate_seconds`: the turn's share of its batched engine call; `Turn.env_seconds`: `env.step` in the
+  runner). The distributions' quantiles are printed and saved with the results. An untrained model plays every
+  episode to the turn cap, so ``--turns-from model`` keeps the measured per-turn latencies but draws the number of
+  turns from the long-tailed model above. For example, from a multi-turn ALFWorld run with four Ray runners:
+
+      agentrl run --env alfworld --model tiny-qwen3 --max-turns 8 --steps 1 --runners 4 --output runs/alf
+      python bench/pool_pipeline.py --trajectories runs/alf/trajectories.jsonl
 
 Modes: ``sync k`` rolls out k batches with fixed weights (slots refill as episodes end, so tails overlap within the
 round), the trainer trains each batch as soon as it is complete, and the rollout side waits for the k-th update
@@ -21,7 +28,7 @@ too stale counts as idle), over the whole run: rollout is the bottleneck the pip
 trainer is sized to keep up: `--train-fraction`). The device-weighted figure (8 x rollout + 2 x trainer) / 10 is
 reported beside it. The baseline for the ratios is sync 1 in the same run, for each batch size (episodes per step;
 more episodes per step give a long-tailed episode more time before it is too stale). Results go to
-bench/results/pool_pipeline.json.
+bench/results/pool_pipeline.json (pool_pipeline_measured_turns_from_*.json with ``--trajectories``).
 
     python bench/pool_pipeline.py [--steps 200] [--seeds 3] [--batch 32 64 128]
 """
@@ -51,25 +58,58 @@ class Outcome:
     seconds: float
 
 
+@dataclass(frozen=True)
+class MeasuredLatencies:
+    """Per-turn latencies of a real run: episode lengths, and (generation, env) seconds of every turn."""
+
+    episode_turns: np.ndarray  # [episodes]
+    generate_seconds: np.ndarray  # [turns]
+    env_seconds: np.ndarray  # [turns]
+
+    @classmethod
+    def load(cls, path: Path) -> MeasuredLatencies:
+        """Read a run's trajectories.jsonl; fails with a clear message when it holds no turns."""
+        from agentrl.records import load_trajectories
+
+        if not path.exists():
+            raise SystemExit(f"--trajectories {path}: no such file (a run folder's trajectories.jsonl)")
+        episodes = [e for e in load_trajectories(path) if e.turns]
+        if not episodes:
+            raise SystemExit(f"--trajectories {path}: no episode with a turn in it")
+        turns = [t for e in episodes for t in e.turns]
+        return cls(np.array([len(e.turns) for e in episodes]), np.array([t.generate_seconds for t in turns]),
+                   np.array([t.env_seconds for t in turns]))
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Mean and quantiles of each distribution, for the printout and the results file."""
+        def describe(x: np.ndarray) -> dict[str, float]:
+            q = np.quantile(x, [0.5, 0.9, 0.99])
+            return {"n": int(len(x)), "mean": float(x.mean()), "p50": float(q[0]), "p90": float(q[1]),
+                    "p99": float(q[2]), "max": float(x.max())}
+
+        return {"turns_per_episode": describe(self.episode_turns), "generate_seconds": describe(self.generate_seconds),
+                "env_seconds": describe(self.env_seconds)}
+
+
 class EpisodeSampler:
     """Draws episode durations (seconds) from the parametric long-tailed model or from a real run's turns."""
 
     def __init__(self, rng: np.random.Generator, turns: float, decode_tok_s: float, env_median: float,
-                 trajectories: Path | None = None):
+                 measured: MeasuredLatencies | None = None, measured_turns: bool = True):
         self.rng, self.turns, self.decode, self.env_median = rng, turns, decode_tok_s, env_median
-        self.empirical = None
-        if trajectories is not None:
-            from agentrl.records import load_trajectories
+        self.measured, self.measured_turns = measured, measured_turns
 
-            eps = load_trajectories(trajectories)
-            self.empirical = [(np.array([t.generate_seconds for t in e.turns]),
-                               np.array([t.env_seconds for t in e.turns])) for e in eps if e.turns]
+    def _turns(self) -> int:
+        return min(15, 1 + self.rng.geometric(1 / self.turns) - 1) or 1
 
     def __call__(self) -> float:
-        if self.empirical is not None:
-            gen, env = self.empirical[self.rng.integers(len(self.empirical))]
-            return float(gen.sum() + env.sum())
-        n = min(15, 1 + self.rng.geometric(1 / self.turns) - 1) or 1
+        if self.measured is not None:
+            m = self.measured
+            n = int(m.episode_turns[self.rng.integers(len(m.episode_turns))]) if self.measured_turns else self._turns()
+            # A turn's generation and env seconds are drawn together: a long reply may well mean a slow step.
+            picks = self.rng.integers(len(m.generate_seconds), size=n)
+            return float(m.generate_seconds[picks].sum() + m.env_seconds[picks].sum())
+        n = self._turns()
         tokens = np.minimum(1024, self.rng.lognormal(np.log(120), 0.9, n))
         env = self.rng.lognormal(np.log(self.env_median), 1.2, n)
         return float(tokens.sum() / self.decode + env.sum())
@@ -190,11 +230,19 @@ def main() -> None:
     parser.add_argument("--env-median", type=float, default=0.3, help="median env step seconds")
     parser.add_argument("--train-fraction", type=float, default=0.5,
                         help="train seconds per step / mean rollout seconds per batch at full occupancy")
-    parser.add_argument("--trajectories", type=Path, default=None)
+    parser.add_argument("--trajectories", type=Path, default=None, help="a run's trajectories.jsonl")
+    parser.add_argument("--turns-from", choices=["run", "model"], default="run",
+                        help="with --trajectories: turns per episode from the run, or from the long-tailed model")
     args = parser.parse_args()
 
-    probe = EpisodeSampler(np.random.default_rng(0), args.turns, args.decode_tok_s, args.env_median,
-                           args.trajectories)
+    measured = MeasuredLatencies.load(args.trajectories) if args.trajectories else None
+    if measured is not None:
+        for name, d in measured.summary().items():
+            print(f"measured {name}: n={d['n']} mean {d['mean']:.4g} p50 {d['p50']:.4g} p90 {d['p90']:.4g} "
+                  f"p99 {d['p99']:.4g} max {d['max']:.4g}")
+    measured_turns = args.turns_from == "run"
+    probe = EpisodeSampler(np.random.default_rng(0), args.turns, args.decode_tok_s, args.env_median, measured,
+                           measured_turns)
     mean_episode = float(np.mean([probe() for _ in range(20_000)]))
     modes = [("sync", 1), ("sync", 5), ("sync", 10), ("sync", 20), ("async", 1), ("async", 2)]
     tables = {}
@@ -207,7 +255,7 @@ def main() -> None:
             run = simulate if mode == "sync" else (lambda _, k, **kw: simulate_async(k, **kw))
             outs = [run(mode, k, slots=args.slots, batch=batch, steps=args.steps, train_s=train_s, sync_s=sync_s,
                         sample=EpisodeSampler(np.random.default_rng(seed), args.turns, args.decode_tok_s,
-                                              args.env_median, args.trajectories))
+                                              args.env_median, measured, measured_turns))
                     for seed in range(args.seeds)]
             rows[f"{mode} {k}"] = {
                 "busy": float(np.mean([o.rollout_occupancy for o in outs])),
@@ -228,9 +276,11 @@ def main() -> None:
                   f"{100 * row['device_weighted']:5.1f}%, staleness mean {row['staleness_mean']:.2f} "
                   f"max {row['staleness_max']}, {row['speed_vs_sync1']:.2f}x steps/s")
     settings = vars(args) | {"trajectories": str(args.trajectories) if args.trajectories else None,
-                             "mean_episode_s": mean_episode}
+                             "mean_episode_s": mean_episode,
+                             "measured": measured.summary() if measured is not None else None}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "pool_pipeline.json").write_text(json.dumps({"settings": settings, "batches": tables}, indent=1))
+    name = "pool_pipeline.json" if measured is None else f"pool_pipeline_measured_turns_from_{args.turns_from}.json"
+    (RESULTS / name).write_text(json.dumps({"settings": settings, "batches": tables}, indent=1))
 
 if __name__ == "__main__":
     main()

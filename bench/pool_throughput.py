@@ -4,8 +4,11 @@ Two envs: `math` (CPU-bound: answer extraction and checking) and a synthetic env
 waiting on I/O: a web server, a simulator). No model: the driver answers every observation at once with a fixed
 action, so the numbers are the pool's own ceiling. Every slot is kept busy for `--seconds` per setting.
 
-Baselines measured in the same run: the in-process pool (``runners=0``, serial) for steps/s, and the Ray session with
-no runners for memory. Results go to bench/results/pool_throughput.json.
+Two ways of sending calls, measured in the same run: ``batched`` (the default: one Ray call per actor per
+scheduling round, results streamed back) and ``per_call`` (one Ray call per env call, the behaviour before
+batching): the ratio batched / per_call is the gain. Baselines also measured in the same run: the in-process pool
+(``runners=0``, serial) for steps/s, and the runner processes at the fewest runners for memory. Results go to
+bench/results/pool_throughput.json.
 
     python bench/pool_throughput.py [--seconds 4] [--runners 1 4 16 32]
 """
@@ -115,20 +118,24 @@ def main() -> None:
             row["in_process_steps_per_s"] = drive(pool, 1, action, args.seconds, errors := [])
             pool.close()
             continue
-        with RayPool(maker, runners) as pool:
-            ray.get([pool.actor_handle(i).ready.remote() for i in range(pool.actors)])
-            rate = drive(pool, runners, action, args.seconds, errors := [])
-            rss = runner_rss_mb()
-            actors = pool.actors
-        if errors:
-            print(f"{env_name} x {runners}: {len(errors)} env failures, first: {errors[0]}")
-        row[str(runners)] = {"steps_per_s": rate, "actors": actors, "runner_rss_mb": rss, "errors": len(errors),
-                             "vs_in_process": rate / row["in_process_steps_per_s"]}
-        time.sleep(1.0)  # let killed actors exit before the next memory reading
+        entry = row.setdefault(str(runners), {})
+        for mode in ("per_call", "batched"):
+            with RayPool(maker, runners, batch_calls=mode == "batched") as pool:
+                ray.get([pool.actor_handle(i).ready.remote() for i in range(pool.actors)])
+                rate = drive(pool, runners, action, args.seconds, errors := [])
+                rss = runner_rss_mb()
+                entry["actors"] = pool.actors
+            if errors:
+                print(f"{env_name} x {runners} ({mode}): {len(errors)} env failures, first: {errors[0]}")
+            entry[mode] = {"steps_per_s": rate, "runner_rss_mb": rss, "errors": len(errors),
+                           "vs_in_process": rate / row["in_process_steps_per_s"]}
+            time.sleep(1.0)  # let killed actors exit before the next memory reading
+        entry["batched_vs_per_call"] = entry["batched"]["steps_per_s"] / entry["per_call"]["steps_per_s"]
     for row in results["envs"].values():
         counts = [int(k) for k in row if k.isdigit()]
         lo, hi = min(counts), max(counts)
-        row["rss_added_per_runner_mb"] = (row[str(hi)]["runner_rss_mb"] - row[str(lo)]["runner_rss_mb"]) / (hi - lo)
+        row["rss_added_per_runner_mb"] = ((row[str(hi)]["batched"]["runner_rss_mb"]
+                                           - row[str(lo)]["batched"]["runner_rss_mb"]) / max(hi - lo, 1))
     ray.shutdown()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "pool_throughput.json").write_text(json.dumps(results, indent=1))
@@ -137,9 +144,10 @@ def main() -> None:
               f"memory added per runner {row['rss_added_per_runner_mb']:.1f} MB")
         for k, v in row.items():
             if k.isdigit():
-                print(f"  {k:>3} runners on {v['actors']} actors: {v['steps_per_s']:8.1f} steps/s "
-                      f"({v['vs_in_process']:.2f}x in-process), runner processes {v['runner_rss_mb']:.0f} MB")
-
+                b, p = v["batched"], v["per_call"]
+                print(f"  {k:>3} runners on {v['actors']} actors: batched {b['steps_per_s']:8.1f} steps/s, per-call "
+                      f"{p['steps_per_s']:8.1f} steps/s ({v['batched_vs_per_call']:.2f}x; batched is "
+                      f"{b['vs_in_process']:.2f}x in-process), runner processes {b['runner_rss_mb']:.0f} MB")
 
 if __name__ == "__main__":
     main()

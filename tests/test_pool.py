@@ -67,7 +67,8 @@ class WalkEnv(TextEnv):
     """A multi-turn env: observations echo the seed, the turn and the last action; ends after `length` steps.
 
     Fault injection: `raise_every` makes every n-th `step` of a process raise; `hang_seed` makes the first attempt at
-    that seed hang in `step` (a marker file in `marker_dir` records that it already hung once); `latency` sleeps.
+    that seed hang in `step` (a marker file in `marker_dir` records that it already hung once); `latency` sleeps;
+    `slow_seed` sleeps `slow_latency` more in every step of that seed.
     """
 
     system_prompt = "Walk. Reply with a move."
@@ -75,8 +76,10 @@ class WalkEnv(TextEnv):
     steps_in_process: ClassVar[int] = 0
 
     def __init__(self, length: int = 3, latency: float = 0.0, raise_every: int = 0, hang_seed: int = -1,
-                 marker_dir: str = "", table_size: int = 10, shared: Counters | None = None):
+                 marker_dir: str = "", table_size: int = 10, slow_seed: int = -1, slow_latency: float = 0.0,
+                 shared: Counters | None = None):
         self.length, self.latency, self.raise_every = length, latency, raise_every
+        self.slow_seed, self.slow_latency = slow_seed, slow_latency
         self.hang_seed, self.marker_dir = hang_seed, marker_dir
         self.shared_resource = shared if shared is not None else Counters.build(table_size=table_size)
         self.seed, self.t = 0, 0
@@ -97,6 +100,8 @@ class WalkEnv(TextEnv):
                 time.sleep(3600)
         if self.latency:
             time.sleep(self.latency)
+        if self.seed == self.slow_seed:
+            time.sleep(self.slow_latency)
         self.t += 1
         reward = float(len(action) % 3 == 0)
         done = self.t >= self.length
@@ -164,6 +169,51 @@ def test_identical_trajectories_across_pool_sizes(ray_session, qwen3_tokenizer):
         with RayPool(_maker(latency=0.002 * runners), runners, actors=actors) as pool:
             got = _rollout(pool, engine, qwen3_tokenizer)
         assert _signature(got.trajectories) == reference, f"runners={runners}"
+
+
+def _drain(pool, expected: int, timeout: float = 30.0) -> list:
+    done, t0 = [], time.monotonic()
+    while len(done) < expected and time.monotonic() - t0 < timeout:
+        done += pool.poll(block=True)
+    return done
+
+
+def test_one_ray_call_per_actor_per_round(ray_session):
+    with RayPool(_maker(), 8, actors=2) as pool:
+        for slot in range(8):
+            pool.submit_reset(slot, seed=slot)
+        assert pool.messages == 0  # submitting only queues
+        resets = _drain(pool, 8)
+        assert pool.messages == 2  # one Ray call per actor carried the whole round
+        assert sorted(c.slot for c in resets) == list(range(8))
+        assert all(c.op == "reset" and c.outcome.observation == f"start {c.slot} table 9" for c in resets)
+        for slot in range(8):
+            pool.submit_step(slot, "abc")
+        steps = _drain(pool, 8)
+        assert pool.messages == 4 and pool.in_flight == 0
+        assert {c.outcome.observation for c in steps} == {f"seed {s} turn 1 saw 'abc'" for s in range(8)}
+        with pytest.raises(ValueError, match="slot 8 out of range"):
+            pool.submit_step(8, "x")
+    with RayPool(_maker(), 4, actors=2, batch_calls=False) as pool:
+        for slot in range(4):
+            pool.submit_reset(slot, seed=slot)
+        assert len(_drain(pool, 4)) == 4 and pool.messages == 4  # the unbatched baseline: one call per env call
+
+
+def test_slow_step_does_not_hold_back_its_neighbours(ray_session):
+    with RayPool(_maker(slow_seed=0, slow_latency=1.5), 3, actors=1) as pool:
+        for slot in range(3):
+            pool.submit_reset(slot, seed=slot)
+        _drain(pool, 3)
+        t0 = time.monotonic()
+        for slot in range(3):
+            pool.submit_step(slot, "go")
+        first = _drain(pool, 2)
+        fast_seconds = time.monotonic() - t0
+        rest = _drain(pool, 3 - len(first))
+    assert pool.messages == 2  # the three steps travelled in one call...
+    assert sorted(c.slot for c in first) == [1, 2] and fast_seconds < 1.0  # ...but the fast ones came back first
+    assert [c.slot for c in rest] == [0] and rest[0].outcome.seconds >= 1.5
 
 
 def test_env_raising_every_fifth_step_keeps_whole_groups(ray_session, qwen3_tokenizer):

@@ -88,6 +88,18 @@ def test_async_mode_respects_max_staleness_and_overlaps(qwen3_tokenizer):
     assert all(a <= s + 1 for s, a in enumerate(ahead))  # never more than max_staleness steps ahead
 
 
+def test_async_producer_stops_at_stop_step(qwen3_tokenizer):
+    sched, engine = _scheduler(qwen3_tokenizer, async_rollout=True, max_staleness=2, stop_step=2)
+    for step in range(2):
+        assert len(sched.rollout(step).trajectories) == 4
+        sched.updated(step)
+    sched._thread.join(timeout=10)
+    assert not sched._thread.is_alive()  # no rollout for a step nobody trains
+    with pytest.raises(ValueError, match="past stop_step=2"):
+        sched.rollout(2)
+    sched.close()
+
+
 def test_async_producer_error_reaches_the_trainer(qwen3_tokenizer):
     class BrokenEngine(PromptHashEngine):
         def generate(self, prompts, params):

@@ -80,6 +80,11 @@ class LossOptions:
     loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # a YAML typo ("0.2x") must fail here, not as a TypeError inside the loss
+            value = getattr(self, f.name)
+            if "float" in str(f.type) and not (value is None and "None" in str(f.type)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"loss option {f.name} must be a number, got {value!r}")
         if self.agg not in AGG_MODES:
             raise ValueError(f"unknown agg {self.agg!r}; choose one of {', '.join(AGG_MODES)}")
         if self.correction not in CORRECTIONS:

@@ -70,6 +70,8 @@ class AlfworldEnv(TextEnv):
             raise ValueError(f"unknown grammar {grammar!r}; expected one of {', '.join(GRAMMARS)}")
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+        if isinstance(task_types, str):  # one type given bare (--env-arg task_types=pick_and_place_simple)
+            task_types = [task_types]
         self.task_types = tuple(TASK_TYPES if task_types is None else task_types)
         bad = [t for t in self.task_types if t not in TASK_TYPES]
         if bad or not self.task_types:

@@ -87,6 +87,8 @@ class GuiEnv(TextEnv):
     ):
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+        if isinstance(task_types, str):  # one type given bare (--env-arg task_types=...)
+            task_types = [task_types]
         self.task_types = tuple(task_types) if task_types else TASK_TYPES
         unknown = [t for t in self.task_types if t not in TASK_TYPES]
         if unknown:

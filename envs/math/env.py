@@ -109,8 +109,9 @@ class MathEnv(TextEnv):
             raise ValueError(f"MathEnv max_turns must be a positive integer, got {max_turns!r}")
         if split not in SPLITS:
             raise ValueError(f"MathEnv split must be one of {SPLITS}, got {split!r}")
-        if verify_timeout_s <= 0:
-            raise ValueError(f"MathEnv verify_timeout_s must be positive, got {verify_timeout_s!r}")
+        numeric = isinstance(verify_timeout_s, (int, float)) and not isinstance(verify_timeout_s, bool)
+        if not numeric or verify_timeout_s <= 0:
+            raise ValueError(f"MathEnv verify_timeout_s must be a positive number of seconds, got {verify_timeout_s!r}")
         self.source = source if source == "procedural" else os.fspath(source)
         self.level = level
         self.mode = mode

@@ -66,7 +66,8 @@ def load_problems(path: str | os.PathLike[str]) -> list[Problem]:
     """
     file = Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"math problems file not found: {file}")
+        what = "is a folder, not a JSONL file" if file.is_dir() else "not found"
+        raise FileNotFoundError(f"math problems file {what}: {file}")
     problems = []
     with file.open(encoding="utf-8") as lines:
         for line_number, line in enumerate(lines, start=1):

@@ -91,7 +91,7 @@ class WebShopEnv(TextEnv):
             raise ValueError(f"webshop: split must be one of {SPLITS}, got {split!r}")
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"webshop: observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
-        if max_steps < 1:
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"webshop: max_steps must be >= 1, got {max_steps}")
         if shared is not None and not isinstance(shared, WebShopResource):
             raise TypeError(f"webshop: shared must be a WebShopResource, got {type(shared).__name__}")

@@ -36,6 +36,8 @@ class _Sessions:
     def __init__(self, env_kwargs: dict[str, Any]):
         self.env_kwargs = env_kwargs
         self.resource = WebShopResource.build(**env_kwargs)
+        # Build one env now: a bad kwarg must stop `serve` at start, not turn every page into a server error.
+        WebShopEnv(**env_kwargs, shared=self.resource).close()
         self.envs: dict[str, tuple[WebShopEnv, threading.Lock]] = {}
         self.lock = threading.Lock()
 
