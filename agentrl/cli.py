@@ -98,9 +98,11 @@ def run(
     loss: str | None = typer.Option(None, "--loss", help="Policy loss name (minirl, grpo, dapo, ...)."),
     seed: int | None = typer.Option(None, "--seed", help="Run seed."),
     env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
-    output: Path | None = typer.Option(None, "--output", help="Run folder [default: runs/latest]."),
+    output: Path | None = typer.Option(None, "--output",
+                                       help="Run folder [default: a new runs/<env>-<model>-<date>-<time>]."),
     config: Path | None = typer.Option(None, "--config", help="YAML config (see configs/)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
 ) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
     from agentrl.config import ConfigError, apply_overrides, load_config
@@ -137,7 +139,7 @@ def run(
     from agentrl.train import TrainingError, train
 
     try:
-        out = train(cfg, resume=resume is not None)
+        out = train(cfg, resume=resume is not None, overwrite=overwrite)
     except (ConfigError, UnknownModelError, UnknownEnvError, TrainingError) as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -220,8 +220,9 @@ class RunConfig:
     """Training steps (one rollout batch each)."""
     seed: int = 0
     """Seeds torch and the sampler."""
-    output: str = "runs/latest"
-    """Run folder: metrics.jsonl, trajectories.jsonl, curves.png, checkpoint/."""
+    output: str = ""
+    """Run folder: metrics.jsonl, trajectories.jsonl, curves.png, checkpoint/. Empty: a new
+    ``runs/<env>-<model>-<date>-<time>`` folder, so no run ever overwrites another by default."""
     save_every: int = 5
     """Checkpoint every N steps (and at the end)."""
     save_trajectories: bool = True
@@ -232,7 +233,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.save_every >= 1, "save_every", self.save_every, ">= 1")
-        _require(bool(self.output.strip()), "output", self.output, "a folder path")
+        _require(self.output == "" or bool(self.output.strip()), "output", self.output,
+                 "a folder path (or empty for a new runs/<env>-<model>-<time> folder)")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         if self.loss.advantage == "passk":  # Pass@k compares k episodes of one group: it needs at least k of them
             import inspect

@@ -7,6 +7,7 @@ Trajectories round-trip through JSONL (`save_trajectories` / `load_trajectories`
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -157,16 +158,25 @@ def save_trajectories(trajectories: Iterable[Trajectory], path: str | Path, appe
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:
-    """Read trajectories saved by `save_trajectories`; a malformed line raises naming file and line."""
+    """Read trajectories saved by `save_trajectories`; a malformed line raises naming file and line.
+
+    A last line cut short (no newline: the writer was killed mid-write) is skipped with a warning, so a crashed
+    run's trajectories stay readable.
+    """
     out = []
     with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                d["turns"] = tuple(_turn_from_json(t) for t in d["turns"])
-                out.append(Trajectory(**d))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: not a saved trajectory ({e})") from None
+        lines = f.readlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            d["turns"] = tuple(_turn_from_json(t) for t in d["turns"])
+            out.append(Trajectory(**d))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            if lineno == len(lines) and not line.endswith("\n"):
+                warnings.warn(f"{path}:{lineno}: skipping a truncated last line (the run was interrupted mid-write)",
+                              stacklevel=2)
+                break
+            raise ValueError(f"{path}:{lineno}: not a saved trajectory ({e})") from None
     return out

@@ -18,6 +18,7 @@ batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -167,20 +168,33 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     plt.close(fig)
 
 
-def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> Path:
+def default_run_dir(cfg: RunConfig) -> Path:
+    """A fresh folder name for a run that did not name one: runs/<env>-<model>-<date>-<time>."""
+    model = Path(cfg.model).name if Path(cfg.model).exists() else cfg.model.replace("/", "_")
+    return Path("runs") / f"{cfg.env.id}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> Path:
     """Run RL training as configured; returns the run folder.
 
     Args:
         cfg: the run config. Its `output` folder receives metrics.jsonl, trajectories.jsonl, curves.png,
             config.yaml and checkpoint/.
         resume: continue from `cfg.output/checkpoint` (weights, optimizer, step) up to `cfg.steps`.
+        overwrite: replace a run already saved in `cfg.output` (otherwise that is an error: no run is lost silently).
         progress: show a progress bar.
     """
     from tqdm import tqdm
 
+    if not cfg.output:
+        cfg = dataclasses.replace(cfg, output=str(default_run_dir(cfg)))
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"cannot use {out} as the run folder: it is a file")
+    if not resume and not overwrite and (out / "metrics.jsonl").exists():
+        done = len((out / "metrics.jsonl").read_text().splitlines())
+        raise ConfigError(f"{out} already holds a run ({done} steps). Continue it with --resume {out}, replace it "
+                          f"with --overwrite, or choose another --output")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

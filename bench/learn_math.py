@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="run folder (default: the config's output)")
     parser.add_argument("--eval-episodes", type=int, default=64)
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run already in the run folder")
     args = parser.parse_args()
 
     cfg = load_config(args.config)
@@ -37,7 +38,7 @@ def main() -> None:
     run = Path(cfg.output)
     t0 = time.perf_counter()
     if not args.skip_train:
-        train(cfg)
+        train(cfg, overwrite=args.overwrite)
     train_wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

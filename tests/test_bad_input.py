@@ -253,7 +253,7 @@ def test_failed_run_keeps_the_previous_runs_data(tmp_path):
     (out / "config.yaml").write_text("steps: 7\n")
     config = tmp_path / "r2.yaml"
     config.write_text("loss: {routing_replay: r2}\n")
-    proc = agentrl("run", *TINY_RUN, "--config", str(config), "--output", str(out))
+    proc = agentrl("run", *TINY_RUN, "--config", str(config), "--output", str(out), "--overwrite")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "needs an MoE model" in proc.stderr
     assert (out / "metrics.jsonl").read_text() == '{"step": 0, "reward_mean": 0.5}\n'

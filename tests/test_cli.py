@@ -55,7 +55,7 @@ def test_play_unknown_env_lists_known_ids():
 
 
 def test_run_unknown_model_lists_builtins(tmp_path):
-    out = agentrl("run", "--model", "no-such-model-xyz", "--steps", "1", "--output", str(tmp_path / "r"))
+    out = agentrl("run", "--model", str(tmp_path / "no-such-model"), "--steps", "1", "--output", str(tmp_path / "r"))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "smollm2-135m" in out.stderr and "tiny-qwen3" in out.stderr
 
@@ -106,3 +106,11 @@ def test_resume_continues_for_a_third_step(tiny_run):
     # The optimizer state was restored and stepped once more (weights moving is tested in test_train.py).
     state = torch.load(tiny_run / "checkpoint" / "optimizer.pt")["state"]
     assert {int(s["step"]) for s in state.values()} == {3}
+
+
+def test_run_refuses_to_overwrite_an_existing_run(tiny_run):
+    before = (tiny_run / "metrics.jsonl").read_text()
+    out = agentrl("run", "--env", "math", "--model", "tiny-qwen3", "--steps", "1", "--output", str(tiny_run))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "already holds a run" in out.stderr and "--resume" in out.stderr and "--overwrite" in out.stderr
+    assert (tiny_run / "metrics.jsonl").read_text() == before

@@ -51,6 +51,10 @@ def test_trajectories_roundtrip_jsonl(tmp_path):
     back = load_trajectories(tmp_path / "t.jsonl")
     assert back == [tr, tr]
     assert back[0].turns[0].routed_experts.dtype == np.uint8
+    good = (tmp_path / "t.jsonl").read_text()
+    (tmp_path / "cut.jsonl").write_text(good + good[:50])  # killed mid-write: the last line has no newline
+    with pytest.warns(UserWarning, match="truncated last line"):
+        assert load_trajectories(tmp_path / "cut.jsonl") == [tr, tr]
     (tmp_path / "bad.jsonl").write_text('{"env_id": 1}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         load_trajectories(tmp_path / "bad.jsonl")
