@@ -77,11 +77,20 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
 
 
 def sequence_logprobs(model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False):
-    """Log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked)."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()  # [n, T, V]
-    targets = mb.input_ids[:, 1:]  # [n, T]
-    logp = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T]
-    entropy = token_entropy(logits.detach()) if with_entropy else None
+    """Log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked).
+
+    Positions before the batch's first loss token get 0: their logits are never computed (`logits_to_keep`), which
+    skips the vocabulary projection over the prompts, the largest tensor of the pass for big vocabularies.
+    """
+    n, T = mb.loss_mask.shape
+    has_loss = mb.loss_mask.any(dim=0)  # [T]
+    t0 = int(has_loss.float().argmax()) if bool(has_loss.any()) else T - 1  # first position that carries loss
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=T + 1 - t0)
+    logits = out.logits[:, :-1].float()  # [n, T - t0, V]: positions t0 .. T-1
+    targets = mb.input_ids[:, t0 + 1 :]  # [n, T - t0]
+    tail = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T - t0]
+    logp = torch.nn.functional.pad(tail, (t0, 0))  # [n, T]
+    entropy = torch.nn.functional.pad(token_entropy(logits.detach()), (t0, 0)) if with_entropy else None
     return logp, entropy
 
 
