@@ -82,7 +82,7 @@ def play(
 
 @app.command()
 def run(
-    env: str | None = typer.Option(None, "--env", help="Env id [default: math]."),
+    env: str | None = typer.Option(None, "--env", help="Env id (default: math)."),
     model: str | None = typer.Option(None, "--model", help="Built-in model, local HF folder or hub id."),
     steps: int | None = typer.Option(None, "--steps", help="Training steps."),
     group_size: int | None = typer.Option(None, "--group-size", help="Episodes per task (G)."),
@@ -99,7 +99,7 @@ def run(
     seed: int | None = typer.Option(None, "--seed", help="Run seed."),
     env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
     output: Path | None = typer.Option(None, "--output",
-                                       help="Run folder [default: a new runs/<env>-<model>-<date>-<time>]."),
+                                       help="Run folder (default: a new runs/<env>-<model>-<date>-<time>)."),
     config: Path | None = typer.Option(None, "--config", help="YAML config (see configs/)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
@@ -151,10 +151,10 @@ def run(
 def eval_(
     env: str | None = typer.Option(None, "--env", help="Env id (see `agentrl envs list`)."),
     model: str | None = typer.Option(None, "--model", help="Built-in model, run checkpoint folder or hub id."),
-    split: str | None = typer.Option(None, "--split", help="Held-out split [default: test, where the env has one]."),
+    split: str | None = typer.Option(None, "--split", help="Held-out split (default: test, where the env has one)."),
     episodes: int = typer.Option(32, "--episodes", help="Tasks (env seeds) to evaluate."),
     k: str = typer.Option("1", "--k", help="pass@k to report, comma-separated, e.g. 1,4,8."),
-    samples_per_task: int | None = typer.Option(None, "--samples-per-task", help="n per task [default: max k]."),
+    samples_per_task: int | None = typer.Option(None, "--samples-per-task", help="n per task (default: max k)."),
     output: Path = typer.Option(Path("runs/eval"), "--output", help="Folder for results.json and report.html."),
     env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
     max_turns: int = typer.Option(20, "--max-turns", help="Model calls per episode."),
@@ -167,7 +167,7 @@ def eval_(
     presence_penalty: float | None = typer.Option(None, "--presence-penalty", help="Override (0 = off)."),
     thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Force the thinking mode."),
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
-    seed_offset: int | None = typer.Option(None, "--seed-offset", help="First task seed [default: 1000000]."),
+    seed_offset: int | None = typer.Option(None, "--seed-offset", help="First task seed (default: 1000000)."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Compare two eval folders: A B."),
 ) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
