@@ -64,8 +64,8 @@ class RolloutConfig:
     """Episodes per task; advantages compare episodes within a group."""
     max_turns: int = 1
     """Model calls per episode (the env may end it sooner)."""
-    max_new_tokens: int = 128
-    """Per turn."""
+    max_new_tokens: int = 64
+    """Per turn: enough for actions and short answers; raise it for reasoning or thinking models."""
     max_context_tokens: int = 4096
     """An episode whose prompt would grow past this is truncated."""
     temperature: float = 1.0
@@ -140,7 +140,7 @@ class LossConfig:
     """Advantage estimator: group_mean (MiniRL), grpo, loo, ..."""
     n_minibatches: int = 1
     """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
-    micro_batch_size: int = 4
+    micro_batch_size: int = 8
     """Sequences per forward/backward pass (memory knob only: the gradient does not depend on it)."""
     routing_replay: str = "none"
     """MoE Routing Replay: ``none``, ``r2`` (replay the training router's pi_old choices in the updates) or ``r3``
@@ -166,7 +166,7 @@ class LossConfig:
 class OptimConfig:
     """AdamW."""
 
-    lr: float = 1e-5
+    lr: float = 2e-5
     """Learning rate."""
     weight_decay: float = 0.0
     """Decoupled weight decay."""
