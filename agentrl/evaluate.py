@@ -237,6 +237,8 @@ class EvalConfig:
         seed_offset: first task seed.
         seed: sampler seed (the same seed gives the same results).
         engine_batch_size: prompts per forward pass.
+        runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
+        ray_address: join this Ray cluster instead of starting a local one.
         thinking: force thinking on / off; None = the family default (or what the checkpoint trained with).
         sampling_overrides: flags overriding the official settings, e.g. ``{"temperature": 1.0}``.
         output: folder for results.json, report.html and trajectories.jsonl.
@@ -257,6 +259,8 @@ class EvalConfig:
     seed_offset: int = EVAL_SEED_OFFSET
     seed: int = 0
     engine_batch_size: int = 32
+    runners: int = 0
+    ray_address: str | None = None
     thinking: bool | None = None
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
     output: str = "runs/eval"
@@ -277,6 +281,8 @@ class EvalConfig:
         if self.n < max(self.ks):
             raise EvalError(f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task, "
                             f"got --samples-per-task {self.n}")
+        if self.runners < 0:
+            raise EvalError(f"--runners must be >= 0 (0 runs envs in this process), got {self.runners}")
         if self.max_turns < 1 or self.max_new_tokens < 1:
             raise EvalError(f"--max-turns and --max-new-tokens must be >= 1, got {self.max_turns}, "
                             f"{self.max_new_tokens}")
@@ -389,6 +395,29 @@ def _print_settings(console, resolved: ResolvedSampling, trained: Mapping[str, A
         console.print(f"[yellow]ignored (the engine cannot apply them):[/] {', '.join(resolved.ignored)}")
 
 
+def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolved: ResolvedSampling, engine,
+             policy, env_kwargs: Mapping[str, Any], pool, bar) -> list[Trajectory]:
+    """Play `cfg.n` episodes of every task seed, a chunk of whole tasks at a time."""
+    import agentrl
+    from agentrl.rollout import collect_trajectories
+
+    trajectories: list[Trajectory] = []
+    for chunk_index, first in enumerate(range(0, len(seeds), tasks_per_chunk)):
+        chunk = seeds[first : first + tasks_per_chunk]
+        params = resolved.params if resolved.params.seed is None else replace(
+            resolved.params, seed=resolved.params.seed + 100_003 * chunk_index)
+        done_before = bar.n
+        got = collect_trajectories(
+            lambda: agentrl.make(cfg.env_id, **env_kwargs), cfg.env_id, chunk, cfg.n, engine, policy.tokenizer,
+            params, max_turns=cfg.max_turns, max_context_tokens=cfg.max_context_tokens,
+            chat_kwargs=dict(resolved.chat_kwargs), pool=pool,
+            on_turn=lambda finished, _total, base=done_before: bar.update(base + finished - bar.n),
+        )
+        trajectories += [replace(t, group_id=first + t.group_id) for t in got]
+        bar.update(done_before + len(got) - bar.n)
+    return trajectories
+
+
 def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[str, Any]:
     """Run the evaluation; write ``results.json``, ``report.html`` and ``trajectories.jsonl`` to `cfg.output`.
 
@@ -407,7 +436,6 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     from agentrl.engine.hf import HFEngine
     from agentrl.models import load_model
     from agentrl.report import write_report
-    from agentrl.rollout import collect_trajectories
 
     console = console or Console()
     cfg.validate()
@@ -441,25 +469,22 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]
     # Chunks of whole tasks keep memory bounded and the progress bar moving; each chunk fills the engine twice over.
     tasks_per_chunk = max(1, (2 * cfg.engine_batch_size) // cfg.n)
-    trajectories: list[Trajectory] = []
     start = time.perf_counter()
     bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
                desc=f"eval {cfg.env_id} x {policy.name}")
-    for chunk_index, first in enumerate(range(0, len(seeds), tasks_per_chunk)):
-        chunk = seeds[first : first + tasks_per_chunk]
-        params = resolved.params if resolved.params.seed is None else replace(
-            resolved.params, seed=resolved.params.seed + 100_003 * chunk_index)
-        done_before = bar.n
-        got = collect_trajectories(
-            lambda: agentrl.make(cfg.env_id, **env_kwargs), cfg.env_id, chunk, cfg.n, engine, policy.tokenizer,
-            params, max_turns=cfg.max_turns, max_context_tokens=cfg.max_context_tokens,
-            chat_kwargs=dict(resolved.chat_kwargs),
-            on_turn=lambda finished, _total, base=done_before: bar.update(base + finished - bar.n),
-        )
-        trajectories += [replace(t, group_id=first + t.group_id) for t in got]
-        bar.update(done_before + len(got) - bar.n)
+    from agentrl.pool import EnvMaker, make_pool
+
+    # The same runner pools as training: env steps in Ray actors (shared env state, fault tolerance), or in-process.
+    pool = make_pool(EnvMaker(cfg.env_id, dict(env_kwargs)), cfg.runners, address=cfg.ray_address) \
+        if cfg.runners > 0 else None
+    try:
+        trajectories = _collect(cfg, seeds, tasks_per_chunk, resolved, engine, policy, env_kwargs, pool, bar)
+    finally:
+        if pool is not None:
+            pool.close()
     bar.close()
     seconds = time.perf_counter() - start
+
     save_trajectories(trajectories, out / "trajectories.jsonl", append=False)
 
     rows = [_episode_row(t) for t in trajectories]

@@ -52,3 +52,13 @@ def test_eval_bad_input_gets_a_clear_message():
         assert out.exit_code == 2, (args, out.output)
         assert message in out.stderr, (args, out.stderr)
         assert out.exception is None or isinstance(out.exception, SystemExit), (args, out.exception)  # no traceback
+
+
+def test_eval_through_the_ray_runner_pool(tmp_path):
+    out_dir = tmp_path / "eval"
+    out = agentrl("eval", "--env", "alfworld", "--model", "tiny-qwen3", "--episodes", "2", "--k", "1",
+                  "--max-new-tokens", "6", "--max-turns", "2", "--runners", "2", "--output", str(out_dir))
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads((out_dir / "results.json").read_text())
+    assert len(results["episodes"]) == 2 and all(e["turns"] == 2 for e in results["episodes"])
+    assert results["env"]["split"] == "valid_unseen"
