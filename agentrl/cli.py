@@ -136,14 +136,21 @@ def run(
         check_model_name(cfg.model)
     except (ConfigError, UnknownModelError, UnknownEnvError) as e:
         _fail(str(e))
-    from agentrl.train import TrainingError, train
+    import dataclasses
 
+    from agentrl.train import TrainingError, default_run_dir, plot_curves, train
+
+    if not cfg.output:  # named here, so an interrupted run can still say where it is
+        cfg = dataclasses.replace(cfg, output=str(default_run_dir(cfg)))
     try:
         out = train(cfg, resume=resume is not None, overwrite=overwrite)
     except (ConfigError, UnknownModelError, UnknownEnvError, TrainingError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
-        _fail("interrupted; the last checkpoint and metrics so far are kept", code=130)
+        metrics = Path(cfg.output) / "metrics.jsonl"
+        if metrics.exists():
+            plot_curves(metrics, metrics.parent / "curves.png")
+        _fail(f"interrupted; the last checkpoint and the metrics so far are kept in {cfg.output}", code=130)
     typer.echo(f"run saved in {out} (metrics.jsonl, curves.png, checkpoint/)")
 
 
