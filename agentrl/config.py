@@ -62,8 +62,9 @@ class RolloutConfig:
     """Distinct tasks (env seeds) per training step."""
     group_size: int = 8
     """Episodes per task; advantages compare episodes within a group."""
-    max_turns: int = 1
-    """Model calls per episode (the env may end it sooner)."""
+    max_turns: int = 50
+    """Cap on model calls per episode. Envs end episodes with their own budgets first (math single-turn: 1 reply;
+    WebShop: 15 steps; GUI: 25; ALFWorld: 50), so the default lets every built-in env play out whole episodes."""
     max_new_tokens: int = 64
     """Per turn: enough for actions and short answers; raise it for reasoning or thinking models."""
     max_context_tokens: int = 4096
