@@ -3,7 +3,7 @@
 A YAML file mirrors the sections below::
 
     model: smollm2-135m
-    env: {id: math, kwargs: {level: 1}}
+    env: {id: math, kwargs: {level: 2}}
     rollout: {group_size: 8, prompts_per_step: 4, max_new_tokens: 96}
     loss: {name: minirl}
 
@@ -44,8 +44,8 @@ class EnvConfig:
 
     id: str = "math"
     """Registry id (`agentrl envs list`)."""
-    kwargs: dict[str, Any] = field(default_factory=lambda: {"level": 1})
-    """Constructor keyword arguments for the env."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments for the env; what is left out takes the env's own defaults (math: level 1)."""
     seed_offset: int = 0
     """Task seeds of step s are `seed_offset + s * prompts_per_step + i`: every step sees new tasks."""
 
@@ -138,7 +138,19 @@ class LossConfig:
     options: dict[str, Any] = field(default_factory=dict)
     """Loss options (is_cap, eps_low, eps_high, correction, agg, ...); defaults are the loss's own."""
     advantage: str = "group_mean"
-    """Advantage estimator: group_mean (MiniRL), grpo, loo, ..."""
+    """Advantage estimator: group_mean (MiniRL), grpo, loo, low_success_weight, passk, or gigpo (step-level
+    advantages from anchor states shared across the episodes of a task; multi-turn envs)."""
+    advantage_options: dict[str, Any] = field(default_factory=dict)
+    """The estimator's options, e.g. ``{boost: 2.0}`` (low_success_weight), ``{k: 8}`` (passk),
+    ``{gamma: 0.95, step_weight: 1.0, normalize_std: true}`` (gigpo). A group of one response gets advantage 0."""
+    bypass: bool = False
+    """Bypass mode: pi_old = mu, the rollout's own log-probs; the recompute pass is skipped (strictly on-policy runs:
+    the importance ratio is then 1 and the clip acts on pi_theta / mu; kl_k3 reads 0)."""
+    kl_reward_coef: float = 0.0
+    """KL(pi_old || pi_ref) as a reward penalty: R -= coef * sum_t k(log pi_old, log pi_ref) (0: off). A frozen copy
+    of `model` is loaded as the reference only when this or ``options.kl_coef`` is > 0."""
+    kl_reward_estimator: str = "k1"
+    """Estimator of the reward penalty: k1, k2 or k3."""
     n_minibatches: int = 1
     """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
     micro_batch_size: int = 8
@@ -150,13 +162,21 @@ class LossConfig:
     """One training sample per turn instead of merging turns while the token prefix holds."""
 
     def __post_init__(self) -> None:
-        from agentrl.objective import ADVANTAGES, loss_options
+        from agentrl.objective import KL_ESTIMATORS, TURN_ESTIMATORS, check_turn_advantage_options, loss_options
 
         try:  # the loss owns its option names and values: build them once now rather than fail at step 0
             loss_options(self.name, **self.options)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"loss: {e}") from None
-        _require(self.advantage in ADVANTAGES, "loss.advantage", self.advantage, f"one of {', '.join(ADVANTAGES)}")
+        _require(self.advantage in TURN_ESTIMATORS, "loss.advantage", self.advantage,
+                 f"one of {', '.join(TURN_ESTIMATORS)}")
+        try:
+            check_turn_advantage_options(self.advantage, self.advantage_options)
+        except ValueError as e:
+            raise ConfigError(f"loss.advantage_options: {e}") from None
+        _require(self.kl_reward_coef >= 0, "loss.kl_reward_coef", self.kl_reward_coef, ">= 0 (0 = off)")
+        _require(self.kl_reward_estimator in KL_ESTIMATORS, "loss.kl_reward_estimator", self.kl_reward_estimator,
+                 f"one of {', '.join(KL_ESTIMATORS)}")
         _require(self.n_minibatches >= 1, "loss.n_minibatches", self.n_minibatches, ">= 1")
         _require(self.micro_batch_size >= 1, "loss.micro_batch_size", self.micro_batch_size, ">= 1")
         _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
@@ -242,7 +262,7 @@ class RunConfig:
 
             from agentrl.objective import ADVANTAGES
 
-            k = inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default
+            k = self.loss.advantage_options.get("k", inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default)
             _require(self.rollout.group_size >= k, "rollout.group_size", self.rollout.group_size,
                      f">= {k} with loss.advantage passk (pass@{k} needs {k} episodes per group)")
 

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 
 from agentrl.engine.base import SamplingParams
-from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, wilson_interval
+from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
 from agentrl.records import Trajectory, save_trajectories
 
 __all__ = [
     "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
-    "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling", "task_counts",
+    "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling",
 ]
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -298,16 +298,6 @@ def _episode_row(traj: Trajectory) -> dict[str, Any]:
         "reward": traj.total_return, "turns": len(traj.turns), "tokens": traj.num_generated_tokens,
         "truncated": traj.truncated, "length_cut_turns": sum(t.finish_reason == "length" for t in traj.turns),
     }
-
-
-def task_counts(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """Per task, in task order: (episodes n, successes c)."""
-    counts: dict[int, list[int]] = {}
-    for r in rows:
-        nc = counts.setdefault(r["task"], [0, 0])
-        nc[0] += 1
-        nc[1] += int(r["success"])
-    return [(n, c) for _, (n, c) in sorted(counts.items())]
 
 
 def _block(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: float) -> dict[str, Any]:

@@ -75,6 +75,8 @@ class Trajectory:
         terminated: the task ended (solved or failed for good).
         truncated: a budget ran out (the env's, or the rollout's `max_turns`).
         policy_version: the trainer step whose weights sampled this episode.
+        train_step: the trainer step whose update used this episode (None until it is trained on, and in evals);
+            with `sync_every > 1` or async rollouts it is later than `policy_version`. Metrics join on it.
         task_type: the env's `info["task_type"]`, for evaluation breakdowns ("" when absent).
     """
 
@@ -89,6 +91,7 @@ class Trajectory:
     truncated: bool
     policy_version: int = 0
     task_type: str = ""
+    train_step: int | None = None
 
     @property
     def num_generated_tokens(self) -> int:
