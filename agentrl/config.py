@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "EnvConfig", "RolloutConfig", "LossConfig", "OptimConfig", "GuardConfig", "RunConfig", "ConfigError",
+    "EnvConfig", "RolloutConfig", "ContextConfig", "LossConfig", "OptimConfig", "GuardConfig", "RunConfig",
+    "ConfigError",
     "load_config", "apply_overrides", "config_to_dict",
 ]
 
@@ -75,18 +76,6 @@ class RolloutConfig:
     """Nucleus sampling mass (1 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    enable_thinking: bool | None = None
-    """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
-    observation_role: str = "user"
-    """Role of observations after the first: ``user``, or ``tool`` (Qwen3 then keeps reasoning across turns, so the
-    token prefix holds and turns merge into one sample)."""
-    recap_actions: int = 0
-    """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
-    max_new_tokens_by_turn: tuple[int, ...] = ()
-    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
-    chat_family: str = ""
-    """Chat-template family to render with (qwen3, qwen2.5, chatml, deepseek-r1, kimi-k2); empty detects it from the
-    tokenizer, falling back to the tokenizer's own template."""
     engine_batch_size: int = 32
     """Prompts per engine forward pass."""
     runners: int = 0
@@ -110,23 +99,69 @@ class RolloutConfig:
         for name in ("prompts_per_step", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
                      "engine_batch_size", "sync_every"):
             _require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name), ">= 1")
-        for name in ("top_k", "recap_actions", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
+        for name in ("top_k", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
             _require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name), ">= 0")
         # Greedy decoding would give every episode of a group the same reply: zero advantages, nothing to learn.
         _require(self.temperature > 0, "rollout.temperature", self.temperature, "> 0 for training")
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
         _require(self.step_timeout > 0, "rollout.step_timeout", self.step_timeout, "> 0 seconds")
-        _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
-                 "rollout.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
+
+
+CONTEXT_KEYS = ("observation_role", "recap_actions", "chat_family", "max_new_tokens_by_turn", "enable_thinking")
+"""`ContextConfig` fields; older configs set them under ``rollout:``, which still works."""
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """How every turn's prompt is built, one definition for `agentrl run` and `agentrl eval`.
+
+    It is saved in the run's config.yaml, and `agentrl eval --model RUN/checkpoint` rebuilds the prompts the policy
+    trained on from it.
+    """
+
+    observation_role: str = "user"
+    """Role of observations after the first: ``user``, or ``tool`` (Qwen3 then keeps reasoning across turns, so the
+    token prefix holds and turns merge into one sample)."""
+    recap_actions: int = 0
+    """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
+    chat_family: str = ""
+    """Chat-template family to render with (qwen3, qwen2.5, chatml, deepseek-r1, kimi-k2); empty detects it from the
+    tokenizer, falling back to the tokenizer's own template."""
+    max_new_tokens_by_turn: tuple[int, ...] = ()
+    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
+    enable_thinking: bool | None = None
+    """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
+
+    def __post_init__(self) -> None:
         from agentrl.context import OBSERVATION_ROLES
 
-        _require(self.observation_role in OBSERVATION_ROLES, "rollout.observation_role", self.observation_role,
+        _require(self.observation_role in OBSERVATION_ROLES, "context.observation_role", self.observation_role,
                  f"one of {', '.join(OBSERVATION_ROLES)}")
+        _require(self.recap_actions >= 0, "context.recap_actions", self.recap_actions, ">= 0")
+        _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
+                 "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         if self.chat_family:
             from agentrl.templates import FAMILIES
 
-            _require(self.chat_family in FAMILIES, "rollout.chat_family", self.chat_family,
+            _require(self.chat_family in FAMILIES, "context.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
+
+    def chat_kwargs(self) -> dict[str, Any]:
+        """Chat-template variables (``enable_thinking`` when set)."""
+        return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+
+    def rollout_kwargs(self, family_hint: str | None) -> dict[str, Any]:
+        """The keyword arguments `agentrl.rollout.run_rollout` / `collect_trajectories` take for this context.
+
+        Args:
+            family_hint: the loaded model's family (`LoadedModel.family`), tried first when detecting the template.
+        """
+        return {
+            "chat_kwargs": self.chat_kwargs(),
+            "context_options": {"family": self.chat_family or None, "family_hint": family_hint,
+                                "observation_role": self.observation_role, "recap_actions": self.recap_actions},
+            "max_new_tokens_by_turn": self.max_new_tokens_by_turn,
+        }
 
 
 @dataclass
@@ -234,6 +269,7 @@ class RunConfig:
     """A built-in (smollm2-135m, tiny-qwen3, tiny-qwen3-moe), a local Hugging Face folder, or a hub id."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -306,7 +342,26 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _move_context_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """Move context keys that older configs set under `rollout:` into `context:`.
+
+    A key set in both places with different values is an error naming it.
+    """
+    rollout = values.get("rollout")
+    if not isinstance(rollout, dict) or not any(k in rollout for k in CONTEXT_KEYS):
+        return values
+    context = dict(values.get("context") or {})
+    for key in CONTEXT_KEYS:
+        if key in rollout:
+            if key in context and context[key] != rollout[key]:
+                raise ConfigError(f"context.{key} is set twice, as rollout.{key} and context.{key}: keep one")
+            context[key] = rollout[key]
+    return values | {"rollout": {k: v for k, v in rollout.items() if k not in CONTEXT_KEYS}, "context": context}
+
+
 def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    if cls is RunConfig:
+        values = _move_context_keys(values)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)

@@ -250,7 +250,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     guard = CollapseGuard(cfg.guard.entropy_min, cfg.guard.k3_max, cfg.guard.patience, cfg.guard.action)
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
-    chat_kwargs = {} if cfg.rollout.enable_thinking is None else {"enable_thinking": cfg.rollout.enable_thinking}
+    chat_kwargs = cfg.context.chat_kwargs()
     # The settings this run trains with, beside the model's official ones: `agentrl eval` shows both.
     (out / "sampling.json").write_text(json.dumps(
         sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
@@ -279,10 +279,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         step_timeout=R.step_timeout, max_episode_retries=R.max_episode_retries, sync_every=R.sync_every,
         async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step, stop_step=cfg.steps,
         rollout_kwargs=dict(
-            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
-            context_options={"family": R.chat_family or None, "family_hint": policy.family,
-                             "observation_role": R.observation_role, "recap_actions": R.recap_actions},
-            max_new_tokens_by_turn=R.max_new_tokens_by_turn,
+            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens,
+            **cfg.context.rollout_kwargs(policy.family),  # the same context `agentrl eval` rebuilds from config.yaml
         ),
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
         progress=show,
