@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -315,8 +315,3 @@ def inspect_run(run_dir: str | Path, *, plot: str | Path | None = None, every: i
     if plot is not None:
         console.print(f"distribution shifts plotted in {plot_shifts(rows, episodes, plot)}")
     return rows
-
-
-def rows_to_json(rows: Sequence[StepSummary]) -> list[dict[str, Any]]:
-    """Plain data of the rows (NaN as None)."""
-    return [{k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(r).items()} for r in rows]

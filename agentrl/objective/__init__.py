@@ -20,7 +20,7 @@ from agentrl.objective.aggregation import AGG_MODES, aggregate
 from agentrl.objective.collapse_guard import CollapseGuard, GuardVerdict
 from agentrl.objective.corrections import CORRECTIONS, CorrectionResult, correction_weights, rejection_mask
 from agentrl.objective.credit import TURN_ESTIMATORS, check_turn_advantage_options, turn_advantages
-from agentrl.objective.diagnostics import batch_stats, importance_weight_stats, kl_estimates, token_entropy
+from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, token_entropy
 from agentrl.objective.gigpo import EpisodeSteps, episode_steps, gigpo_advantages
 from agentrl.objective.losses import LOSSES, LossOptions, loss_options, policy_loss
 from agentrl.objective.minibatches import minibatch_indices
@@ -42,7 +42,6 @@ __all__ = [
     "OverlongConfig",
     "aggregate",
     "apply_overlong",
-    "batch_stats",
     "check_advantage_options",
     "check_turn_advantage_options",
     "compute_advantages",
