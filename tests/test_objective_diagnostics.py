@@ -72,3 +72,27 @@ def test_guard_errors_are_clear():
     with pytest.raises(KeyError, match="needs metric 'entropy'"):
         CollapseGuard().update({"kl_k3": 0.0})
     assert CollapseGuard(entropy_min=None).update({"kl_k3": 0.0}).ok  # disabled checks need no metric
+
+
+def test_differentiable_entropy_matches_token_entropy_and_has_the_right_gradient():
+    from agentrl.objective import differentiable_entropy
+
+    # Two logits (0, log 3): p = (1/4, 3/4), H = -(1/4 log 1/4 + 3/4 log 3/4) = 0.5623351446.
+    logits = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
+    h = differentiable_entropy(logits)
+    assert h.item() == pytest.approx(0.5623351446)
+    assert torch.allclose(h.detach(), token_entropy(logits.detach()))
+    h.sum().backward()
+    # dH/dz_i = -p_i (log p_i + H): (-(1/4)(log 1/4 + H), -(3/4)(log 3/4 + H)).
+    H = 0.5623351446
+    expected = torch.tensor([-(0.25) * (math.log(0.25) + H), -(0.75) * (math.log(0.75) + H)])
+    torch.testing.assert_close(logits.grad[0, 0], expected, rtol=0, atol=1e-6)
+
+
+def test_guard_verdict_says_whether_this_step_is_healthy():
+    guard = CollapseGuard(entropy_min=0.5, k3_max=None, patience=2, action="rollback")
+    assert guard.update({"entropy": 1.0}).healthy
+    bad = guard.update({"entropy": 0.1})
+    assert bad.ok and not bad.healthy and bad.last_good_step == 0  # within patience, but not checkpoint material
+    tripped = guard.update({"entropy": 0.1})
+    assert not tripped.ok and tripped.last_good_step == 0 and "roll back to step 0" in tripped.reason

@@ -168,7 +168,7 @@ def test_entropy_bonus_subtracts_coef_times_entropy():
     assert loss.item() == pytest.approx(-0.01 * 1.5)  # token sum over one response
     loss.backward()
     torch.testing.assert_close(entropy.grad, torch.tensor([[-0.01, -0.01, 0.0]]))
-    assert metrics["entropy_bonus_entropy"] == pytest.approx(0.75)
+    assert metrics["policy_entropy"] == pytest.approx(0.75)
     with pytest.raises(ValueError, match="needs entropy"):
         policy_loss("minirl", logp, logp, logp, torch.tensor([0.0]), mask, entropy_coef=0.01)
 

@@ -372,7 +372,8 @@ def policy_loss(
         num_sequences: sequences in the whole mini-batch, for micro-batching (default: N).
         num_tokens: masked tokens in the whole mini-batch, for micro-batching (default: `mask.sum()`).
         ref_logp: log pi_ref of the sampled tokens, `[N, T]`; required when `kl_coef > 0`.
-        entropy: the policy's entropy at each position, `[N, T]`, with grad; required when `entropy_coef > 0`.
+        entropy: the policy's entropy at each position, `[N, T]`; required (with grad) when `entropy_coef > 0`,
+            reported as the `policy_entropy` metric whenever given.
         opts: the options already built by `loss_options(name, ...)` (the trainer builds them once per run);
             mutually exclusive with `**options`.
         **options: fields of the loss's options dataclass (see `LOSSES[name].options`).
@@ -381,7 +382,8 @@ def policy_loss(
         `(loss, metrics)`: a scalar tensor and a dict of floats. Metrics are means over this call's masked tokens:
         `loss`, `is_weight_mean`, `is_weight_max`, `is_ess`, `correction_masked_frac`, `correction_truncated_frac`,
         `clip_frac`, `clip_frac_low`, `clip_frac_high`, `kl_k1`, `kl_k2`, `kl_k3` (KL(mu || pi_old)), `ppo_kl`,
-        `ratio_mean`, `ratio_max`; plus `ref_kl` with a reference and `entropy_bonus_entropy` with an entropy.
+        `ratio_mean`, `ratio_max`; plus `ref_kl` with a reference and `policy_entropy` (mean over the tokens) with an
+        entropy.
 
     Raises:
         ValueError: on an unknown name or option, tensors of the wrong shape, or a term switched on without its input.
@@ -425,10 +427,11 @@ def policy_loss(
         kl_mat = kl_penalty(logp, _zero_outside(ref_logp, m), opts.kl_estimator)  # [N, T], grad through logp
         loss_mat = loss_mat + opts.kl_coef * kl_mat
         extra["ref_kl"] = masked_mean(kl_mat.detach(), m)
-    if opts.entropy_coef > 0:
+    if entropy is not None:
         entropy = _zero_outside(entropy, m)  # [N, T]
-        loss_mat = loss_mat - opts.entropy_coef * entropy
-        extra["entropy_bonus_entropy"] = masked_mean(entropy.detach(), m)
+        extra["policy_entropy"] = masked_mean(entropy.detach(), m)
+        if opts.entropy_coef > 0:
+            loss_mat = loss_mat - opts.entropy_coef * entropy
     loss = aggregate(
         loss_mat, m, opts.agg,
         num_sequences=num_sequences, num_tokens=num_tokens, loss_scale_factor=opts.loss_scale_factor,
