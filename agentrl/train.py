@@ -32,8 +32,15 @@ import agentrl
 from agentrl.config import ConfigError, RunConfig, config_to_dict
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
-from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss
-from agentrl.records import Sample, save_trajectories
+from agentrl.objective import (
+    CollapseGuard,
+    LossOptions,
+    loss_options,
+    minibatch_indices,
+    policy_loss,
+    turn_advantages,
+)
+from agentrl.records import Sample, Trajectory, save_trajectories
 from agentrl.routing_replay import RoutingReplay, pack_routes, router_agreement
 from agentrl.samples import trajectory_to_samples
 from agentrl.scheduler import RolloutScheduler, staleness_metrics
@@ -129,6 +136,30 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     plt.close(fig)
 
 
+def build_loss_options(cfg: RunConfig) -> LossOptions:
+    """The run's loss options, built once.
+
+    Dr.GRPO's constant divisor defaults to the configured maximum response length (tokens per model call), the same
+    for every micro-batch whatever its padded width.
+    """
+    options = dict(cfg.loss.options)
+    if loss_options(cfg.loss.name, **options).agg == "seq-mean-token-sum-norm":
+        budgets = (cfg.rollout.max_new_tokens, *cfg.context.max_new_tokens_by_turn)
+        options.setdefault("loss_scale_factor", float(max(budgets)))
+    return loss_options(cfg.loss.name, **options)
+
+
+def as_trained(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
+    """The trajectories as step `step` trains them: recording the step, with group ids unique within the step.
+
+    A rollout numbers its groups from 0, so a step that trains on rollouts of several policy versions (async mode)
+    would otherwise merge unrelated groups in the advantage baseline and the mini-batch split.
+    """
+    ids: dict[tuple[int, int], int] = {}
+    return [replace(t, train_step=step, group_id=ids.setdefault((t.policy_version, t.group_id), len(ids)))
+            for t in trajectories]
+
+
 def default_run_dir(cfg: RunConfig) -> Path:
     """A fresh folder name for a run that did not name one: runs/<env>-<model>-<date>-<time>."""
     model = Path(cfg.model).name if Path(cfg.model).exists() else cfg.model.replace("/", "_")
@@ -210,6 +241,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     if resume:
         optimizer.load_state_dict(torch.load(out / CHECKPOINT / "optimizer.pt"))
     guard = CollapseGuard(cfg.guard.entropy_min, cfg.guard.k3_max, cfg.guard.patience, cfg.guard.action)
+    objective = build_loss_options(cfg)  # once per run, not per micro-batch
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
     chat_kwargs = cfg.context.chat_kwargs()
@@ -254,7 +286,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
 
         # 1. Rollout (complete groups only: a group whose env kept failing is dropped whole and counted).
         rollout = scheduler.rollout(step)
-        trajectories = rollout.trajectories
+        trajectories = as_trained(rollout.trajectories, step)
         t_rollout = time.perf_counter() - t_start
         if cfg.save_trajectories:
             save_trajectories(trajectories, out / "trajectories.jsonl")
@@ -263,14 +295,14 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                       f"last failure: {rollout.stats.failures[-1] if rollout.stats.failures else 'none'}")
             continue
 
-        # 2. Advantages, within each group of episodes of the same task.
+        # 2. Advantages, within each group of episodes of the same task: one per turn (equal within an episode for
+        #    the episode-level estimators, per step for GiGPO).
         rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
-        group_ids = torch.tensor([t.group_id for t in trajectories])  # [N_traj]
-        advantages = compute_advantages(L.advantage, rewards, group_ids)  # [N_traj]
+        advantages = turn_advantages(L.advantage, trajectories, L.advantage_options)
 
         # 3. Samples.
         samples: list[Sample] = []
-        for traj, adv in zip(trajectories, advantages.tolist()):
+        for traj, adv in zip(trajectories, advantages):
             samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
         sample_groups = torch.tensor([s.group_id for s in samples])
         lengths = [len(s.input_ids) for s in samples]
@@ -327,7 +359,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 with replay:  # the backward runs inside too: gradient checkpointing recomputes the routing
                     logp, _ = token_logprobs(model, mb)
                     loss, m = policy_loss(L.name, logp, mb_old, mb.rollout_logp, mb.advantages, mb.loss_mask,
-                                          num_sequences=len(members), num_tokens=num_tokens, **L.options)
+                                          num_sequences=len(members), num_tokens=num_tokens, opts=objective)
                     if not torch.isfinite(loss):
                         bad = out / f"bad_batch_step{step}.pt"
                         torch.save({"samples": chunk, "logp": logp.detach(), "old_logp": mb_old, "metrics": m}, bad)
