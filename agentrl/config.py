@@ -229,6 +229,8 @@ class LossConfig:
         _require(self.memory_limit_gb >= 0, "loss.memory_limit_gb", self.memory_limit_gb, ">= 0 (0 = available)")
         _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
                  f"one of {', '.join(ROUTING_REPLAY_MODES)}")
+        _require(not (self.bypass and self.routing_replay == "r2"), "loss.bypass", self.bypass,
+                 "false with routing_replay r2 (R2 replays the experts the pi_old pass records; bypass skips it)")
 
 
 @dataclass

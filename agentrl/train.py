@@ -9,7 +9,12 @@ One step:
      any train-inference mismatch.
   5. updates: the batch splits into `n_minibatches` mini-batches of whole groups; each is one AdamW step,
      accumulated over micro-batches with global denominators, so micro-batch size never changes the gradient.
-  6. metrics (one JSON line per step), the collapse guard, a checkpoint every `save_every` steps.
+  6. metrics (one JSON line per step), the collapse guard, then a checkpoint every `save_every` steps (with the guard
+     on, of healthy steps only, so a rollback restores the weights and optimizer state of the last healthy step).
+
+Objective options chosen once per run: the loss options (`build_loss_options`), per-turn advantages (GiGPO or any
+episode-level estimator), a frozen reference model only when a KL term asks for it (`agentrl.reference`), bypass
+mode (pi_old = mu: step 4 is skipped), the entropy bonus (the update pass computes the entropy with grad).
 
 Departures from the MiniRL paper, and why: float32 on CPU rather than BF16 training / FP8 rollout; small groups and
 batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must take about a minute.
@@ -29,18 +34,20 @@ import torch
 import yaml
 
 import agentrl
-from agentrl.config import ConfigError, RunConfig, config_to_dict
+from agentrl.config import ConfigError, LossConfig, RunConfig, config_to_dict
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import (
     CollapseGuard,
     LossOptions,
+    kl_reward_penalty,
     loss_options,
     minibatch_indices,
     policy_loss,
     turn_advantages,
 )
 from agentrl.records import Sample, Trajectory, save_trajectories
+from agentrl.reference import ReferencePolicy, load_reference
 from agentrl.routing_replay import RoutingReplay, pack_routes, router_agreement
 from agentrl.samples import trajectory_to_samples
 from agentrl.scheduler import RolloutScheduler, staleness_metrics
@@ -160,6 +167,53 @@ def as_trained(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
             for t in trajectories]
 
 
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Right-pad per-sample `[len - 1]` rows with zeros into `[n, width]`."""
+    return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+
+
+@torch.no_grad()
+def reference_logprobs(reference: ReferencePolicy, samples: list[Sample], pad_id: int, token_budget: int,
+                       max_samples: int) -> dict[int, torch.Tensor]:
+    """The reference's log-probs of every sample's next tokens, per sample index `[len - 1]` (one no-grad pass)."""
+    lengths = [len(s.input_ids) for s in samples]
+    out: dict[int, torch.Tensor] = {}
+    for chunk_idx in pack_by_tokens(lengths, range(len(samples)), token_budget, max_samples):
+        logp, _ = token_logprobs(reference.model, collate([samples[i] for i in chunk_idx], pad_id))
+        out |= {i: logp[row, : lengths[i] - 1] for row, i in enumerate(chunk_idx)}
+    return out
+
+
+def kl_penalty_per_trajectory(trajectories: list[Trajectory], ref_logp: dict[int, torch.Tensor],
+                              loss: LossConfig) -> torch.Tensor:
+    """The KL reward penalty of every trajectory `[N_traj]`: coef * sum_t k(log mu, log pi_ref) over its tokens.
+
+    `ref_logp` is indexed like the samples `trajectory_to_samples` makes of the trajectories, in order. The rollout's
+    own log-probs stand for the sampling policy (pi_old = mu up to the training-inference mismatch).
+    """
+    penalties, index = [], 0
+    for traj in trajectories:
+        total = 0.0
+        for s in trajectory_to_samples(traj, 0.0, per_turn=loss.per_turn_samples):
+            mu = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)[None]  # [1, T]
+            mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)[None]  # [1, T]
+            total += float(kl_reward_penalty(mu, ref_logp[index][None], mask, loss.kl_reward_coef,
+                                             loss.kl_reward_estimator))
+            index += 1
+        penalties.append(total)
+    return torch.tensor(penalties)
+
+
+def restore_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int | None:
+    """Load the weights and the optimizer state of `out/checkpoint` together; the step it holds, or None if none."""
+    ckpt = out / CHECKPOINT
+    if not (ckpt / "trainer_state.json").exists():
+        return None
+    model.load_state_dict(load_model(str(ckpt), dtype=next(model.parameters()).dtype).model.state_dict())
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt"))
+    return int(json.loads((ckpt / "trainer_state.json").read_text())["step"])
+
+
 def default_run_dir(cfg: RunConfig) -> Path:
     """A fresh folder name for a run that did not name one: runs/<env>-<model>-<date>-<time>."""
     model = Path(cfg.model).name if Path(cfg.model).exists() else cfg.model.replace("/", "_")
@@ -242,6 +296,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         optimizer.load_state_dict(torch.load(out / CHECKPOINT / "optimizer.pt"))
     guard = CollapseGuard(cfg.guard.entropy_min, cfg.guard.k3_max, cfg.guard.patience, cfg.guard.action)
     objective = build_loss_options(cfg)  # once per run, not per micro-batch
+    reference = load_reference(cfg, dtype)  # None unless a KL term asks for it
+    save_due = False  # a checkpoint that fell on an unhealthy step, waiting for a healthy one
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
     chat_kwargs = cfg.context.chat_kwargs()
@@ -296,8 +352,17 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             continue
 
         # 2. Advantages, within each group of episodes of the same task: one per turn (equal within an episode for
-        #    the episode-level estimators, per step for GiGPO).
+        #    the episode-level estimators, per step for GiGPO). With a KL reward penalty, the reference model scores
+        #    the sampled tokens first and each episode's reward pays coef * sum_t k(mu, pi_ref).
         rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
+        ref_logp: dict[int, torch.Tensor] = {}
+        if reference is not None:
+            # The samples' token layout does not depend on the advantages: score it before they exist.
+            layout = [s for t in trajectories for s in trajectory_to_samples(t, 0.0, per_turn=L.per_turn_samples)]
+            ref_logp = reference_logprobs(reference, layout, pad_id, L.micro_batch_tokens, L.micro_batch_size)
+        if L.kl_reward_coef > 0:
+            penalty = kl_penalty_per_trajectory(trajectories, ref_logp, L)  # [N_traj]
+            trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty)]
         advantages = turn_advantages(L.advantage, trajectories, L.advantage_options)
 
         # 3. Samples.
@@ -310,12 +375,18 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         # 4. pi_old: the training model's log-probs of the sampled tokens, and the entropy, before any update.
         #    MoE: R3 replays the rollout's experts here too (pi_old(.|e_mu)); otherwise the training router's own
         #    choices are recorded, for R2 to replay in the updates and to measure agreement with the rollout's.
+        #    Bypass mode skips this pass: pi_old = mu, and the entropy comes from the update pass.
         old_logp: dict[int, torch.Tensor] = {}
         train_routes: dict[int, torch.Tensor] = {}
         entropy_sum, entropy_tokens, agree_sum, agree_n = 0.0, 0.0, 0.0, 0
         old_batches = pack_by_tokens(lengths, range(len(samples)), L.micro_batch_tokens, L.micro_batch_size)
+        if L.bypass:
+            old_logp = {i: torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) for i, s in enumerate(samples)}
+            old_batches_run: list[list[int]] = []
+        else:
+            old_batches_run = old_batches
         with torch.no_grad():
-            for chunk_idx in old_batches:
+            for chunk_idx in old_batches_run:
                 chunk = [samples[i] for i in chunk_idx]
                 mb = collate(chunk, pad_id)
                 if router is None:
@@ -339,15 +410,16 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         # 5. Updates: one AdamW step per mini-batch of whole groups.
         loss_rows: list[tuple[float, dict[str, float]]] = []
         grad_norms = []
+        # The update pass computes the entropy when the loss uses it (bonus, with grad) or no pi_old pass did.
+        update_entropy = objective.entropy_coef > 0 or L.bypass
         for mb_index in minibatch_indices(sample_groups, L.n_minibatches, generator=shuffle):
             members = mb_index.tolist()
             num_tokens = sum(samples[i].num_loss_tokens for i in members)
             optimizer.zero_grad(set_to_none=True)
             for chunk_idx in pack_by_tokens(lengths, members, L.micro_batch_tokens, L.micro_batch_size):
                 mb = collate([samples[i] for i in chunk_idx], pad_id)
-                width = mb.loss_mask.shape[1]
-                mb_old = torch.stack([torch.nn.functional.pad(old_logp[i], (0, width - len(old_logp[i])))
-                                      for i in chunk_idx])  # [n, T]
+                mb_old = _pad_rows([old_logp[i] for i in chunk_idx], mb.loss_mask.shape[1])  # [n, T]
+                mb_ref = _pad_rows([ref_logp[i] for i in chunk_idx], mb.loss_mask.shape[1]) if ref_logp else None
                 chunk = [samples[i] for i in chunk_idx]
                 if L.routing_replay == "r3":
                     replay = router.replay(_rollout_routes(chunk, mb))
@@ -357,9 +429,11 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 else:
                     replay = contextlib.nullcontext()
                 with replay:  # the backward runs inside too: gradient checkpointing recomputes the routing
-                    logp, _ = token_logprobs(model, mb)
+                    logp, ent = token_logprobs(model, mb, with_entropy=update_entropy,
+                                               entropy_grad=objective.entropy_coef > 0)
                     loss, m = policy_loss(L.name, logp, mb_old, mb.rollout_logp, mb.advantages, mb.loss_mask,
-                                          num_sequences=len(members), num_tokens=num_tokens, opts=objective)
+                                          num_sequences=len(members), num_tokens=num_tokens, ref_logp=mb_ref,
+                                          entropy=ent, opts=objective)
                     if not torch.isfinite(loss):
                         bad = out / f"bad_batch_step{step}.pt"
                         torch.save({"samples": chunk, "logp": logp.detach(), "old_logp": mb_old, "metrics": m}, bad)
@@ -375,14 +449,16 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
 
         # 6. Metrics, guard, checkpoint.
         turns = [t for traj in trajectories for t in traj.turns]
+        losses = _weighted_mean(loss_rows)
         metrics = {
             "step": step,
             "reward_mean": float(rewards.mean()),
             "success_rate": sum(t.success for t in trajectories) / len(trajectories),
             "response_tokens_mean": sum(len(t.generated_ids) for t in turns) / max(len(turns), 1),
             "turns_mean": len(turns) / len(trajectories),
-            "entropy": entropy_sum / max(entropy_tokens, 1.0),
-            **{k: v for k, v in _weighted_mean(loss_rows).items()},
+            # Bypass: the update pass's entropy (pi_theta = pi_old in the first mini-batch).
+            "entropy": losses.pop("policy_entropy") if L.bypass else entropy_sum / max(entropy_tokens, 1.0),
+            **losses,
             "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "samples": len(samples),
             "micro_batches": len(old_batches),
@@ -394,6 +470,10 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             "rollout_seconds": t_rollout,
             "step_seconds": time.perf_counter() - t_start,
         }
+        if L.kl_reward_coef > 0:
+            metrics["kl_reward_penalty_mean"] = float(penalty.mean())
+        if reference is not None:
+            metrics["ref_model_bytes"] = reference.memory_bytes
         metrics |= rollout.stats.metrics() | staleness_metrics(step, trajectories)
         metrics["stale_groups_evicted"] = float(scheduler.buffer.evicted)
         with open(metrics_file, "a") as f:
@@ -401,19 +481,29 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                                 for k, v in metrics.items()}) + "\n")
         show({"reward": f"{metrics['reward_mean']:.2f}", "success": f"{metrics['success_rate']:.2f}",
               "kl_k3": f"{metrics.get('kl_k3', 0):.1e}"})
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        # The guard judges the step before its checkpoint is written: with the guard on, only healthy steps are
+        # saved, so the checkpoint is always one a rollback may return to (a save due on a bad step waits).
+        verdict = guard.update(metrics, step=step) if cfg.guard.enabled else None
+        save_due = save_due or (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps
+        if save_due and (verdict is None or verdict.healthy):
             save_checkpoint(out, policy, optimizer, step)
-        if cfg.guard.enabled:
-            verdict = guard.update(metrics, step=step)
-            if not verdict.ok:
-                if cfg.guard.action == "rollback" and (out / CHECKPOINT).exists():
-                    restored = load_model(str(out / CHECKPOINT), dtype=dtype).model
-                    model.load_state_dict(restored.state_dict())
-                    guard.reset()
-                    bar.write(f"collapse guard: {verdict.reason}; rolled back to {out / CHECKPOINT}")
-                    continue
-                plot_curves(metrics_file, out / "curves.png")
-                raise TrainingError(f"collapse guard stopped the run at step {step}: {verdict.reason}")
+            save_due = False
+        elif save_due:
+            bar.write(f"step {step} not checkpointed: {verdict.reason}; the checkpoint keeps the last healthy step")
+        if verdict is not None and not verdict.ok:
+            if cfg.guard.action == "rollback":
+                good = restore_checkpoint(out, model, optimizer)
+                if good is None:
+                    plot_curves(metrics_file, out / "curves.png")
+                    raise TrainingError(f"collapse guard at step {step}: {verdict.reason}; no healthy checkpoint "
+                                        f"to roll back to yet (lower save_every)")
+                scheduler.updated(step)  # async mode: the engine samples from the restored weights
+                guard.reset()
+                bar.write(f"collapse guard: {verdict.reason}; rolled back to step {good} (weights and optimizer "
+                          f"state of {out / CHECKPOINT})")
+                continue
+            plot_curves(metrics_file, out / "curves.png")
+            raise TrainingError(f"collapse guard stopped the run at step {step}: {verdict.reason}")
     bar.close()
     scheduler.close()
     plot_curves(metrics_file, out / "curves.png")

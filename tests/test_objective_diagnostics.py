@@ -74,21 +74,6 @@ def test_guard_errors_are_clear():
     assert CollapseGuard(entropy_min=None).update({"kl_k3": 0.0}).ok  # disabled checks need no metric
 
 
-def test_differentiable_entropy_matches_token_entropy_and_has_the_right_gradient():
-    from agentrl.objective import differentiable_entropy
-
-    # Two logits (0, log 3): p = (1/4, 3/4), H = -(1/4 log 1/4 + 3/4 log 3/4) = 0.5623351446.
-    logits = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
-    h = differentiable_entropy(logits)
-    assert h.item() == pytest.approx(0.5623351446)
-    assert torch.allclose(h.detach(), token_entropy(logits.detach()))
-    h.sum().backward()
-    # dH/dz_i = -p_i (log p_i + H): (-(1/4)(log 1/4 + H), -(3/4)(log 3/4 + H)).
-    H = 0.5623351446
-    expected = torch.tensor([-(0.25) * (math.log(0.25) + H), -(0.75) * (math.log(0.75) + H)])
-    torch.testing.assert_close(logits.grad[0, 0], expected, rtol=0, atol=1e-6)
-
-
 def test_guard_verdict_says_whether_this_step_is_healthy():
     guard = CollapseGuard(entropy_min=0.5, k3_max=None, patience=2, action="rollback")
     assert guard.update({"entropy": 1.0}).healthy

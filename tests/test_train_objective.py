@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 
-from agentrl.config import RunConfig, apply_overrides
+import agentrl.train as train_mod
+from agentrl.config import ConfigError, RunConfig, apply_overrides
+from agentrl.models import load_model
+from agentrl.objective import CollapseGuard
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
 from agentrl.train import as_trained, build_loss_options, train
 from agentrl.training.microbatch import collate
@@ -61,3 +65,66 @@ def test_runs_train_with_the_new_options(tmp_path, overrides):
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert row["step"] == 0 and row["loss"] is not None
     assert {t.train_step for t in load_trajectories(out / "trajectories.jsonl")} == {0}
+
+
+def test_reference_kl_in_loss_and_reward_and_entropy_bonus_in_the_loop(tmp_path):
+    out = train(_cfg(tmp_path, **{"loss.options": {"kl_coef": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01},
+                                  "loss.kl_reward_coef": 0.05}), progress=False)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    reference = load_model("tiny-qwen3").model  # the frozen copy: parameters and buffers, float32
+    assert row["ref_model_bytes"] == sum(t.numel() * 4 for t in (*reference.parameters(), *reference.buffers()))
+    assert row["ref_kl"] == pytest.approx(0.0, abs=1e-6)  # one on-policy update: pi_theta = pi_ref
+    assert abs(row["kl_reward_penalty_mean"]) < 1e-3  # 0.05 * sum_t k1(mu, pi_ref): the engine samples pi_ref itself
+    assert row["policy_entropy"] == pytest.approx(row["entropy"], rel=1e-4)  # the bonus's entropy is pi_old's
+
+
+def test_no_reference_unless_asked_and_bypass_mode(tmp_path):
+    out = train(_cfg(tmp_path, **{"loss.bypass": True}), progress=False)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert "ref_model_bytes" not in row and "ref_kl" not in row
+    assert row["kl_k3"] == 0.0 and row["is_weight_mean"] == 1.0  # pi_old = mu: no ratio, no mismatch to measure
+    assert row["entropy"] > 0  # from the update pass: no pi_old pass ran
+
+
+def test_bypass_with_r2_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="loss.bypass must be false with routing_replay r2"):
+        _cfg(tmp_path, **{"loss.bypass": True, "loss.routing_replay": "r2"})
+
+
+def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_good_step(tmp_path, monkeypatch):
+    # save_every 2: step 1 is saved (healthy). Step 3 is a save step too, and the injected collapse hits it: it must
+    # not be saved, and the rollback must restore step 1's weights and AdamW moments together.
+    saved: dict[int, tuple[dict, dict]] = {}
+    restored: list[tuple[int, dict, dict]] = []
+    real_save, real_restore, real_update = train_mod.save_checkpoint, train_mod.restore_checkpoint, CollapseGuard.update
+
+    def save(out, policy, optimizer, step):
+        saved[step] = (copy.deepcopy(policy.model.state_dict()), copy.deepcopy(optimizer.state_dict()))
+        return real_save(out, policy, optimizer, step)
+
+    def restore(out, model, optimizer):
+        step = real_restore(out, model, optimizer)
+        restored.append((step, copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())))
+        return step
+
+    def update(self, metrics, step=None):
+        return real_update(self, metrics | ({"entropy": 0.0} if step == 3 else {}), step=step)
+
+    monkeypatch.setattr(train_mod, "save_checkpoint", save)
+    monkeypatch.setattr(train_mod, "restore_checkpoint", restore)
+    monkeypatch.setattr(CollapseGuard, "update", update)
+    cfg = _cfg(tmp_path, steps=4, save_every=2, **{
+        "env.kwargs": {}, "optim.lr": 1e-2, "guard.enabled": True, "guard.action": "rollback", "guard.patience": 1,
+        "guard.entropy_min": 1e-6, "guard.k3_max": 1e9})
+    train(cfg, progress=False)
+    assert sorted(saved) == [1]  # step 3 was due but unhealthy
+    (step, weights, optim), = restored
+    assert step == 1
+    good_weights, good_optim = saved[1]
+    assert all(torch.equal(weights[k], good_weights[k]) for k in good_weights)
+    assert optim["state"].keys() == good_optim["state"].keys()
+    for k, state in good_optim["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optim["state"][k][name], state[name]), (k, name)
+    ckpt_state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert ckpt_state["step"] == 1

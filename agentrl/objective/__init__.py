@@ -20,7 +20,7 @@ from agentrl.objective.aggregation import AGG_MODES, aggregate
 from agentrl.objective.collapse_guard import CollapseGuard, GuardVerdict
 from agentrl.objective.corrections import CORRECTIONS, CorrectionResult, correction_weights, rejection_mask
 from agentrl.objective.credit import TURN_ESTIMATORS, check_turn_advantage_options, turn_advantages
-from agentrl.objective.diagnostics import differentiable_entropy, importance_weight_stats, kl_estimates, token_entropy
+from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, token_entropy
 from agentrl.objective.gigpo import EpisodeSteps, episode_steps, gigpo_advantages
 from agentrl.objective.losses import LOSSES, LossOptions, loss_options, policy_loss
 from agentrl.objective.minibatches import minibatch_indices
@@ -46,7 +46,6 @@ __all__ = [
     "check_turn_advantage_options",
     "compute_advantages",
     "correction_weights",
-    "differentiable_entropy",
     "episode_steps",
     "gigpo_advantages",
     "importance_weight_stats",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["token_entropy", "differentiable_entropy", "masked_mean", "kl_estimates", "importance_weight_stats"]
+__all__ = ["token_entropy", "masked_mean", "kl_estimates", "importance_weight_stats"]
 
 
 def token_entropy(logits: Tensor, chunk_size: int = 1024) -> Tensor:
@@ -41,22 +41,6 @@ def token_entropy(logits: Tensor, chunk_size: int = 1024) -> Tensor:
             logp = torch.log_softmax(chunk, dim=-1)  # [N, c, V]
             out[..., start : start + chunk_size] = -(logp.exp() * logp).sum(dim=-1)  # [N, c]
     return out
-
-
-def differentiable_entropy(logits: Tensor) -> Tensor:
-    """Entropy of the softmax at every position, with grad, for an entropy bonus in the loss.
-
-    Unlike `token_entropy` this keeps the `[N, T, V]` graph (one softmax copy in float32): ask for it only when the
-    loss uses it.
-
-    Args:
-        logits: `[N, T, V]` logits.
-
-    Returns:
-        `[N, T]` entropies in nats, float32.
-    """
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, T, V]
-    return -(logp.exp() * logp).sum(dim=-1)  # [N, T]
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> float:
