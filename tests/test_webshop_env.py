@@ -101,11 +101,12 @@ def test_golden_pages_and_purchase(tiny_env):
     assert info["admissible_actions"] == ["search[<query>]"] and info["task_type"] == "beauty"
 
     obs, reward, terminated, truncated, info = tiny_env.step("search[lavender shampoo]")
-    assert obs == (f"{HEADER.format(instruction=instruction)} [SEP] Page 1 (Total results: 2) [SEP] "
+    # The original always shows "Next >", even when every result fits on page 1.
+    assert obs == (f"{HEADER.format(instruction=instruction)} [SEP] Page 1 (Total results: 2) [SEP] Next > [SEP] "
                    "B000SHAMP1 [SEP] Acme Lavender Shampoo for Dry Hair [SEP] $12.5 [SEP] "
                    "B000SHAMP3 [SEP] Budget Shampoo Value Pack [SEP] $100.0")
     assert (reward, terminated, truncated) == (0.0, False, False)
-    assert info["admissible_actions"] == ["click[back to search]", "click[b000shamp1]", "click[b000shamp3]"]
+    assert info["admissible_actions"] == ["click[back to search]", "click[next >]", "click[b000shamp1]", "click[b000shamp3]"]
 
     obs, *_ = tiny_env.step("click[B000SHAMP1]")
     item = (f"{HEADER.format(instruction=instruction)} [SEP] < Prev [SEP] size [SEP] 8 fl oz [SEP] 16 fl oz [SEP] "
@@ -132,7 +133,14 @@ def test_golden_pages_and_purchase(tiny_env):
     obs, *_ = tiny_env.step("click[lavender]")
     assert "[SEP] 16 fl oz [SEP]" in obs  # text mode does not mark the choice
     obs, reward, terminated, truncated, info = tiny_env.step("click[buy now]")
-    assert obs == "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0"
+    # The original's done page, hidden debug block included, as its text mode reads it.
+    assert obs == ("Thank you for shopping with us! [SEP] Your code: [SEP] None [SEP] (Paste it in your MTurk "
+                   "interface.) [SEP] Purchased [SEP] asin [SEP] B000SHAMP1 [SEP] options [SEP] "
+                   '{"scent": "lavender", "size": "16 fl oz"} [SEP] attrs [SEP] None [SEP] category [SEP] None [SEP] '
+                   "query [SEP] None [SEP] product category [SEP] None [SEP] Target [SEP] asin [SEP] options [SEP] "
+                   "attrs [SEP] price upper [SEP] instuction text [SEP] category [SEP] product category [SEP] query "
+                   "[SEP] Goal [SEP] None [SEP] Reward [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0 [SEP] "
+                   "Reward Details [SEP] None")
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["score"] == 1.0 and info["success"] is True and info["admissible_actions"] == []
     # Stepping after the end neither raises nor pays.
@@ -254,7 +262,13 @@ def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(ValueError, match="split"):
         WebShopEnv(split="dev", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="observation_mode"):
-        WebShopEnv(observation_mode="html", cache_dir=str(tmp_path))
+        WebShopEnv(observation_mode="xml", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="goals must be one of"):
+        WebShopEnv(goals="robot", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="reward_convention"):
+        WebShopEnv(reward_convention="alfworld", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="noun_tagger"):
+        WebShopEnv(noun_tagger="nltk", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="search_mode"):
         WebShopEnv(search_mode="lucene", cache_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="items_shuffle"):
