@@ -106,7 +106,8 @@ def test_golden_pages_and_purchase(tiny_env):
                    "B000SHAMP1 [SEP] Acme Lavender Shampoo for Dry Hair [SEP] $12.5 [SEP] "
                    "B000SHAMP3 [SEP] Budget Shampoo Value Pack [SEP] $100.0")
     assert (reward, terminated, truncated) == (0.0, False, False)
-    assert info["admissible_actions"] == ["click[back to search]", "click[next >]", "click[b000shamp1]", "click[b000shamp3]"]
+    assert info["admissible_actions"] == ["click[back to search]", "click[next >]", "click[b000shamp1]",
+                                          "click[b000shamp3]"]
 
     obs, *_ = tiny_env.step("click[B000SHAMP1]")
     item = (f"{HEADER.format(instruction=instruction)} [SEP] < Prev [SEP] size [SEP] 8 fl oz [SEP] 16 fl oz [SEP] "

@@ -293,8 +293,10 @@ def _count_attributes(goal_attributes: Sequence[str], product: Mapping[str, Any]
 
 
 def goal_option_items(goal_options: Mapping[str, str] | Sequence[Any]) -> list[OptionItem]:
-    """What the original scores a goal's options as: ``(name, value)`` pairs for synthetic goals (a dict), values for
-    human goals (a list). Pairs stored as JSON lists are read back as tuples.
+    """What the original scores a goal's options as: ``(name, value)`` pairs or values.
+
+    Synthetic goals (a dict) give their pairs, human goals (a list) their values; pairs stored as JSON lists are read
+    back as tuples.
     """
     if isinstance(goal_options, Mapping):
         return list(goal_options.items())
