@@ -284,3 +284,69 @@ def test_splits_and_pricing_helpers():
     assert [len(small[s]) for s in ("test", "eval", "train")] == [100, 100, 800]
     assert parse_pricing("$10.99 - $20.99") == ([10.99, 20.99], "$10.99 to $20.99")
     assert parse_pricing(None) == ([100.0], "$100.0")
+
+
+def _play_expert(env, seed):
+    env.reset(seed=seed)
+    for _ in range(env.max_steps):
+        _, reward, terminated, truncated, info = env.step(env.expert_action())
+        if terminated or truncated:
+            return reward, info
+    raise AssertionError("the expert did not finish")
+
+
+def test_verl_agent_reward_convention(generated):
+    env = WebShopEnv(shared=generated, reward_convention="verl-agent")
+    _, info = env.reset(seed=2)
+    assert info["won"] is False
+    reward, info = _play_expert(env, seed=2)
+    assert (reward, info["won"], info["task_score"], info["score"]) == (10.0, True, 1.0, 1.0)
+    # An imperfect purchase: the task score is the original's reward, the step reward 0.
+    env.reset(seed=2)
+    env.step("search[" + env.goal["name"].lower() + "]")
+    env.step(env.expert_action())  # open the goal product
+    _, reward, terminated, _, info = env.step("click[buy now]")  # without choosing its options
+    assert terminated and 0.0 < info["task_score"] < 1.0
+    assert (reward, info["won"]) == (0.0, False)
+    original = WebShopEnv(shared=generated)
+    assert _play_expert(original, seed=2)[0] == 1.0
+
+
+def test_html_observation_mode(data_dir, tmp_path):
+    env = WebShopEnv(data_dir=str(data_dir), cache_dir=str(tmp_path / "cache"), split="test", observation_mode="html")
+    obs, _ = env.reset(seed=0)
+    assert obs.startswith("<!DOCTYPE html>") and 'id="search_input"' in obs
+    obs, *_ = env.step("search[shampoo]")
+    assert 'value="click[b000shamp1]"' in obs and "Next &gt;" in obs
+    env.step("click[b000shamp1]")
+    obs, *_ = env.step("click[buy now]")
+    # People see the thank-you line and the score; the original's hidden debug block is not in the HTML.
+    assert "Thank you for shopping with us!" in obs and "Your score (min 0.0, max 1.0)" in obs
+    assert "instuction text" not in obs
+
+
+def test_goal_kinds_switch(data_dir, tmp_path):
+    cache = str(tmp_path / "cache")
+    human = WebShopEnv(data_dir=str(data_dir), cache_dir=cache, split="test", goals="human")
+    synthetic = WebShopEnv(data_dir=str(data_dir), cache_dir=cache, split="test", goals="synthetic")
+    auto = WebShopEnv(data_dir=str(data_dir), cache_dir=cache, split="test")
+    assert human.resource.folder != synthetic.resource.folder
+    assert all(isinstance(g["goal_options"], list) for g in human.resource.goals)
+    synthetic_goals = list(synthetic.resource.goals)
+    # One synthetic goal per option combination of the one product with an instruction (2 sizes x 2 scents).
+    assert [g["goal_options"] for g in synthetic_goals] == [
+        {"scent": s, "size": z} for s in ("lavender", "citrus | mint") for z in ("8 fl oz", "16 fl oz")]
+    assert synthetic_goals[0]["instruction_text"].startswith("i need a sulfate free shampoo with scent: lavender, "
+                                                             "and size: 8 fl oz")
+    assert [g["goal_options"] for g in auto.resource.goals] == [g["goal_options"] for g in human.resource.goals]
+    (data_dir / "items_human_ins.json").unlink()
+    with pytest.raises(FileNotFoundError, match="items_human_ins.json"):
+        WebShopEnv(data_dir=str(data_dir), cache_dir=str(tmp_path / "other"), goals="human")
+
+
+def test_generated_human_goals_list_their_values(tmp_path):
+    env = WebShopEnv(num_products=60, seed=1, cache_dir=str(tmp_path), goals="human")
+    goal = env.resource.goals[0]
+    assert isinstance(goal["goal_options"], list) and " with " not in goal["instruction_text"]
+    assert all(value in goal["instruction_text"] for value in goal["goal_options"])
+    assert _play_expert(env, seed=0)[0] == 1.0

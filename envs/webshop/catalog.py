@@ -7,13 +7,9 @@ Files (princeton-nlp/WebShop ``data/``), read from `data_dir`:
     * ``items_human_ins.json`` (optional): ``{asin: [{instruction, instruction_attributes, instruction_options}]}``;
       when present its human instructions are the goals, as in the benchmark.
 
-Departures from the original:
-    * A product priced as a range pays a price drawn uniformly in the range, as in the original, but from an RNG
-      seeded by the ASIN, and goal price caps come from an RNG seeded by the goal; the original draws both from
-      the unseeded global RNG, so its goals differ between runs. Ours are reproducible.
-    * Goal splits: the original's are fixed counts after a seed-233 shuffle (test 0-499, eval 500-1499, train
-      1500+). Those are kept when there are at least 3,000 goals; smaller (generated) catalogues split 10% / 10% /
-      80% after the same shuffle, so every split is non-empty (with fewer than 3 goals every split holds them all).
+Prices of range-priced products and goal price caps are drawn from seeded RNGs (the original uses the global one),
+and catalogues of fewer than 3,000 goals split 10% / 10% / 80% after the original's seed-233 shuffle (with fewer
+than 3 goals every split holds them all); these and every other departure are listed in ``DEVIATIONS.md``.
 """
 
 from __future__ import annotations
