@@ -58,8 +58,8 @@ def main() -> None:
         total[case["suite"]] += 1
         agree[case["suite"]] += ours == case["expected"]
         if ours != case["expected"]:
-            disagreements.append({"id": case["id"], "source": case["source"], "gold": case["gold"], "response": case["response"][:200],
-                                  "expected": case["expected"], "ours": ours})
+            disagreements.append({"id": case["id"], "source": case["source"], "gold": case["gold"],
+                                  "response": case["response"][:200], "expected": case["expected"], "ours": ours})
     seconds = time.perf_counter() - started
     results = {
         "checkout": str(Path(math_env.__file__).resolve().parents[2]),

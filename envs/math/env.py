@@ -34,8 +34,8 @@ import gymnasium as gym
 
 from agentrl.core import SharedResource, TextEnv
 
-from .grading import AnswerExtractor, AnswerVerifier, Grader, RewardConfig
 from .generator import LEVELS, SPLITS, generate_problem
+from .grading import AnswerExtractor, AnswerVerifier, Grader, RewardConfig
 from .problems import Problem, load_problems
 
 __all__ = ["MathEnv", "MathProblemSet", "ANSWER_INSTRUCTION"]

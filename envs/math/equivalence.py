@@ -46,7 +46,9 @@ _PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?$")
 _DECIMAL_RE = re.compile(r"\.\d")
 # Thousands separators: ",", "\,", "{,}", "\ " or "\!" between groups of three; a plain space only when every
 # group is separated by one ("1 000 000"), so "32, 349" (a list) is never a number.
-_GROUPED_RE = re.compile(r"^[-+]?\d{1,3}(?:(?:,|\\,|\{,\}|\\ |\\!)\d{3})+(?:\.\d+)?$|^[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?$")
+_GROUPED_RE = re.compile(
+    r"^[-+]?\d{1,3}(?:(?:,|\\,|\{,\}|\\ |\\!)\d{3})+(?:\.\d+)?$|^[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?$"
+)
 _LATEX_FRACTION_RE = re.compile(r"^([-+]?)\\[dt]?frac\s*(?:\{\s*([-+]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
 _T = TypeVar("_T")
 

@@ -199,7 +199,7 @@ def boxed_list(text: str, max_gap_words: int | None = None) -> list[str]:
 
 
 def _boxes(text: str) -> list[tuple[int, int, str]]:
-    """Every closed box as (start of ``\\boxed``, end after its argument, content), in text order."""
+    r"""Every closed box as (start of ``\boxed``, end after its argument, content), in text order."""
     closing = _closing_braces(text)
     found = []
     for match in _BOX_RE.finditer(text):
@@ -281,7 +281,7 @@ def _equation_value(span: str) -> str:
 
 
 def _prose_words(text: str) -> int:
-    """Words of two or more letters outside LaTeX commands and ``\\text{}``."""
+    r"""Words of two or more letters outside LaTeX commands and ``\text{}``."""
     return len(_PROSE_WORD_RE.findall(_LATEX_COMMAND_RE.sub(" ", _TEXT_WRAPPER_RE.sub(" ", text))))
 
 
@@ -299,8 +299,10 @@ def _first_clause(text: str) -> str:
 
 
 def _fallback(text: str) -> tuple[str, str] | None:
-    """The whole text when it is a bare answer, else the last math span or the last number outside math, whichever
-    ends later, as (rule, span)."""
+    """The fallback answer as (rule, span).
+
+    The whole text when it is a bare answer, else the later of the last math span and the last number outside math.
+    """
     bare = text.strip()
     if bare and len(bare) <= 100 and "\n" not in bare:
         # "-\frac{10}{9}", "(1, 2)", "$E$", "$odd$": the whole reply is the answer.

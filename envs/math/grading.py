@@ -46,13 +46,17 @@ __all__ = [
 class AnswerExtractor(Protocol):
     """Turns a model reply into its final answer, or None when it states none."""
 
-    def __call__(self, text: str) -> str | None: ...
+    def __call__(self, text: str) -> str | None:
+        """The final answer in `text`, or None."""
+        ...
 
 
 class AnswerVerifier(Protocol):
     """Says whether an extracted answer is equivalent to one gold answer."""
 
-    def __call__(self, gold: str, predicted: str) -> bool: ...
+    def __call__(self, gold: str, predicted: str) -> bool:
+        """True when `predicted` is equivalent to `gold`."""
+        ...
 
 
 def _boxed_only(text: str) -> str | None:
@@ -124,13 +128,13 @@ def follows_format(text: str) -> bool:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """The reward of one graded reply.
+    r"""The reward of one graded reply.
 
     Attributes:
         correct: reward for a correct answer.
         wrong: reward for a wrong answer.
-        no_answer: reward when no answer was found (in strict mode: no ``\\boxed{}``).
-        format_bonus: added whenever the reply followed the requested format (a non-empty ``\\boxed{}``).
+        no_answer: reward when no answer was found (in strict mode: no ``\boxed{}``).
+        format_bonus: added whenever the reply followed the requested format (a non-empty ``\boxed{}``).
     """
 
     correct: float = 1.0
@@ -147,12 +151,12 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class Grade:
-    """The verdict on one reply.
+    r"""The verdict on one reply.
 
     Attributes:
         answer: the extracted answer, or None when none counts.
         correct: the answer matches one of the gold answers.
-        followed_format: the reply has a non-empty ``\\boxed{}``.
+        followed_format: the reply has a non-empty ``\boxed{}``.
         reward: the reward under the grader's `RewardConfig`.
     """
 

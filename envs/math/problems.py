@@ -193,7 +193,7 @@ def _parse_gsm8k(record: dict[str, Any], problem_id: str, where: str) -> Problem
 
 
 def _is_bare_answer(text: str) -> bool:
-    """A final answer with no worked solution: a plain number, or LaTeX ("\\frac{1}{2}", "$x^2$")."""
+    r"""A final answer with no worked solution: a plain number, or LaTeX ("\frac{1}{2}", "$x^2$")."""
     text = text.strip()
     return as_number(text) is not None or (len(text) <= 100 and "\n" not in text and text.startswith(("$", "\\")))
 
