@@ -64,8 +64,9 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
-    """Connect to Ray: join `address`, or start a quiet private local instance. Returns True when this call started
-    Ray (the caller then shuts it down).
+    """Connect to Ray: join `address`, or start a quiet private local instance.
+
+    Returns True when this call connected this process to Ray (the caller shuts it down again).
 
     Args:
         address: ``HOST:PORT`` of a head, ``auto`` (the head on this machine), ``ray://HOST:PORT`` (Ray client), or

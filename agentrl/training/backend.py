@@ -136,8 +136,10 @@ class TrainingBackend(Protocol):
         ...
 
     def step(self, grad_clip: float) -> float:
-        """Clip the accumulated gradient to `grad_clip` (0 = no clipping), take one optimizer step, zero the
-        gradients; returns the gradient norm before clipping (NaN when clipping is off)."""
+        """Clip the gradient to `grad_clip` (0 = off), take one optimizer step, zero the gradients.
+
+        Returns the gradient norm before clipping (NaN when clipping is off).
+        """
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -145,8 +147,11 @@ class TrainingBackend(Protocol):
         ...
 
     def save(self, folder: Path) -> None:
-        """Write the trainer state into `folder`: an HF-format model any tool can load, plus the (sharded) model
-        and optimizer state needed to resume exactly."""
+        """Write the trainer state into `folder`.
+
+        That is an HF-format model any tool can load, plus the (sharded) model and optimizer state needed to resume
+        exactly.
+        """
         ...
 
     def load(self, folder: Path, *, weights_only: bool = False) -> None:

@@ -40,7 +40,12 @@ from typing import Any
 import torch
 
 from agentrl.training.backend import (
-    LossResult, PolicyObjective, Scored, ScoreRequest, TrainerFailure, UpdateRequest,
+    LossResult,
+    PolicyObjective,
+    Scored,
+    ScoreRequest,
+    TrainerFailure,
+    UpdateRequest,
 )
 
 __all__ = ["WorkerSpec", "TrainerWorker", "FSDPBackend", "SHARDS_DIR"]

@@ -81,8 +81,10 @@ class MicroBatchPasses:
         return LossResult(metrics, float(mb.loss_mask.sum()), finite, None if finite else logp.detach())
 
     def idle_backward(self, request: UpdateRequest) -> None:
-        """A forward + backward that adds nothing to the gradient (a worker with fewer micro-batches than its peers
-        still has to join every collective of FSDP)."""
+        """A forward + backward that adds nothing to the gradient.
+
+        A worker with fewer micro-batches than its peers still has to join every collective of FSDP.
+        """
         from agentrl.train import sequence_logprobs
 
         with self._routing(request.replay_routes):
