@@ -178,12 +178,11 @@ class TrainerWorker:
         return {"is_moe": self.router is not None,
                 "parameters": sum(p.numel() for p in model.parameters())}  # this rank's shard
 
-    def score(self, requests: Sequence[ScoreRequest], idle: int) -> list[Scored]:
-        """The pi_old pass of this rank's micro-batches, then `idle` discarded passes to match its peers."""
+    def score(self, requests: Sequence[ScoreRequest], idle: Sequence[ScoreRequest]) -> list[Scored]:
+        """The pi_old pass of this rank's micro-batches, then discarded passes over `idle` to match its peers."""
         out = [_to_cpu(self.passes.score(_to_device(r, self.device))) for r in requests]
-        filler = requests[0] if requests else None
-        for _ in range(idle):
-            self.passes.score(_to_device(filler, self.device))
+        for r in idle:
+            self.passes.score(_to_device(r, self.device))
         return out
 
     def accumulate(self, requests: Sequence[UpdateRequest], idle: Sequence[UpdateRequest],
@@ -339,8 +338,8 @@ class FSDPBackend:
         """See `TrainingBackend.score`."""
         shares = self._shares(requests)
         most = max(len(s) for s in shares)
-        per_rank = self._call("score", [([requests[i] for i in s], most - len(s)) if s else
-                                        ([], 0) for s in shares])
+        # Every FSDP forward is a collective: a rank with fewer micro-batches repeats one, and drops its result.
+        per_rank = self._call("score", [([requests[i] for i in s], [requests[0]] * (most - len(s))) for s in shares])
         out: list[Scored | None] = [None] * len(requests)
         for share, results in zip(shares, per_rank):
             for i, result in zip(share, results):
