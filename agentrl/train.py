@@ -17,6 +17,7 @@ batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -178,10 +179,14 @@ class Run:
         self.backend.close()
         if self.placement is not None:
             self.placement.close()
-        if self.owns_ray:
-            import ray
+        _disconnect_ray(self.owns_ray)
 
-            ray.shutdown()
+
+def _disconnect_ray(owns_ray: bool) -> None:
+    if owns_ray:
+        import ray
+
+        ray.shutdown()
 
 
 def _prepare_output(cfg: RunConfig, resume: bool, overwrite: bool) -> Path:
@@ -215,18 +220,30 @@ def _resume_state(cfg: RunConfig, out: Path) -> TrainerState:
     return state
 
 
-def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str) -> tuple[TrainingBackend, Placement | None,
-                                                                              bool]:
-    """The training backend the config asks for; returns (backend, placement, whether this call started Ray)."""
+def _connect_ray(cfg: RunConfig) -> bool:
+    """Join the cluster (or start a local Ray) when the run uses one, before any model loads; True if connected here.
+
+    A local Ray gives each CPU trainer worker a logical CPU of its own beside the cores the env runners use, as the
+    driver's training shared the cores with them before; more CPU trainer workers than cores is refused.
+    """
+    T, R = cfg.trainer, cfg.rollout
+    if T.workers == 0 and R.runners == 0:
+        return False
+    cores = os.cpu_count() or 1
+    cpu_trainers = T.workers if T.gpus_per_worker == 0 else 0
+    if R.ray_address is None and cpu_trainers > cores:
+        raise ConfigError(f"more workers than devices: --trainers {T.workers} on CPU needs a core per worker and this "
+                          f"machine has {cores}. Use --trainers {cores} or fewer, or --ray-address a bigger cluster")
+    return start_ray(R.ray_address, num_cpus=cores + cpu_trainers)
+
+
+def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str) -> tuple[TrainingBackend, Placement | None]:
+    """The training backend the config asks for, and the placement group its workers hold (if any)."""
     T, opt = cfg.trainer, cfg.optim
     if T.workers == 0:
         backend = SingleProcessBackend(policy, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                                        gradient_checkpointing=T.gradient_checkpointing)
-        return backend, None, False
-    # A local Ray gives each CPU trainer worker a logical CPU of its own beside the cores the env runners use, as
-    # the driver's training shared the cores with them before.
-    extra = T.workers if T.gpus_per_worker == 0 else 0
-    owns_ray = start_ray(cfg.rollout.ray_address, num_cpus=(os.cpu_count() or 1) + extra)
+        return backend, None
     placement = Placement(PlacementPlan(T.workers, T.gpus_per_worker, 0, T.gpus_per_engine, T.colocate))
     spec = WorkerSpec(source, dtype=cfg.dtype, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                       param_dtype=T.param_dtype or None, reduce_dtype=T.reduce_dtype or None,
@@ -236,7 +253,39 @@ def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str) -> tuple[Tr
     except BaseException:
         placement.close()
         raise
-    return backend, placement, owns_ray
+    return backend, placement
+
+
+def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path, start_step: int,
+                   show) -> RolloutScheduler:
+    """The inference engine and the rollout scheduler around it (runner pool, sync interval or async producer)."""
+    R = cfg.rollout
+    # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
+    engine = HFEngine(policy.model, policy.tokenizer, batch_size=R.engine_batch_size, capture_routes=is_moe)
+    sampling = SamplingParams(temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
+                              max_new_tokens=R.max_new_tokens, seed=cfg.seed)
+    chat_kwargs = {} if R.enable_thinking is None else {"enable_thinking": R.enable_thinking}
+    # The settings this run trains with, beside the model's official ones: `agentrl eval` shows both.
+    (out / "sampling.json").write_text(json.dumps(
+        sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
+        default=list))
+    # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.scheduler).
+    return RolloutScheduler(
+        cfg.env.id, cfg.env.kwargs, engine, policy.model, policy.tokenizer,
+        seeds_for_step=lambda s: [cfg.env.seed_offset + s * R.prompts_per_step + i for i in range(R.prompts_per_step)],
+        sampling_for_step=lambda s: sampling if sampling.seed is None else replace(sampling, seed=cfg.seed + s),
+        group_size=R.group_size, runners=R.runners, runner_actors=R.runner_actors, ray_address=R.ray_address,
+        step_timeout=R.step_timeout, max_episode_retries=R.max_episode_retries, sync_every=R.sync_every,
+        async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step, stop_step=cfg.steps,
+        rollout_kwargs=dict(
+            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
+            context_options={"family": R.chat_family or None, "family_hint": policy.family,
+                             "observation_role": R.observation_role, "recap_actions": R.recap_actions},
+            max_new_tokens_by_turn=R.max_new_tokens_by_turn,
+        ),
+        interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
+        progress=show,
+    )
 
 
 def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
@@ -255,53 +304,30 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         raise ConfigError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
 
     state = _resume_state(cfg, out) if resume else None
-    source = str(checkpoint_folder(out)) if resume else cfg.model
-    policy = load_model(source, dtype=dtype)
-    policy.name = cfg.model
-    backend, placement, owns_ray = _build_backend(cfg, policy, source)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
-    try:
+    with contextlib.ExitStack() as undo:  # a set-up that fails half way releases what it had built
+        owns_ray = _connect_ray(cfg)
+        undo.callback(_disconnect_ray, owns_ray)
+        source = str(checkpoint_folder(out)) if resume else cfg.model
+        policy = load_model(source, dtype=dtype)
+        policy.name = cfg.model
+        backend, placement = _build_backend(cfg, policy, source)
+        undo.callback(backend.close)
+        if placement is not None:
+            undo.callback(placement.close)
+        shuffle = torch.Generator().manual_seed(cfg.seed)
         routing = routing_strategy(cfg.loss.routing_replay, backend.is_moe, cfg.model)
         if state is not None:
             backend.load(checkpoint_folder(out))
             state.restore_rng(shuffle)
-    except BaseException:
-        backend.close()
-        raise
-    # Only now, with every setting checked, may a new run replace what an earlier run left in the folder.
-    if not resume:
-        for stale in ("metrics.jsonl", "trajectories.jsonl"):
-            (out / stale).unlink(missing_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        # Only now, with every setting checked, may a new run replace what an earlier run left in the folder.
+        if not resume:
+            for stale in ("metrics.jsonl", "trajectories.jsonl"):
+                (out / stale).unlink(missing_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
-    R = cfg.rollout
-    # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
-    engine = HFEngine(policy.model, policy.tokenizer, batch_size=R.engine_batch_size, capture_routes=backend.is_moe)
-    sampling = SamplingParams(temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
-                              max_new_tokens=R.max_new_tokens, seed=cfg.seed)
-    chat_kwargs = {} if R.enable_thinking is None else {"enable_thinking": R.enable_thinking}
-    # The settings this run trains with, beside the model's official ones: `agentrl eval` shows both.
-    (out / "sampling.json").write_text(json.dumps(
-        sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
-        default=list))
-    start_step = state.step + 1 if state is not None else 0
-    # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.scheduler).
-    scheduler = RolloutScheduler(
-        cfg.env.id, cfg.env.kwargs, engine, policy.model, policy.tokenizer,
-        seeds_for_step=lambda s: [cfg.env.seed_offset + s * R.prompts_per_step + i for i in range(R.prompts_per_step)],
-        sampling_for_step=lambda s: sampling if sampling.seed is None else replace(sampling, seed=cfg.seed + s),
-        group_size=R.group_size, runners=R.runners, runner_actors=R.runner_actors, ray_address=R.ray_address,
-        step_timeout=R.step_timeout, max_episode_retries=R.max_episode_retries, sync_every=R.sync_every,
-        async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step, stop_step=cfg.steps,
-        rollout_kwargs=dict(
-            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
-            context_options={"family": R.chat_family or None, "family_hint": policy.family,
-                             "observation_role": R.observation_role, "recap_actions": R.recap_actions},
-            max_new_tokens_by_turn=R.max_new_tokens_by_turn,
-        ),
-        interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
-        progress=show,
-    )
+        start_step = state.step + 1 if state is not None else 0
+        scheduler = _build_rollout(cfg, policy, backend.is_moe, out, start_step, show)
+        undo.pop_all()  # from here on `Run.close` releases them
     G = cfg.guard
     return Run(cfg, out, policy, backend, routing, scheduler, CollapseGuard(G.entropy_min, G.k3_max, G.patience,
                G.action), shuffle, start_step, placement, owns_ray)

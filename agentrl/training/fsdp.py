@@ -235,19 +235,40 @@ class TrainerWorker:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state.get("optim", {}))
 
-    def memory(self) -> dict[str, float]:
-        """Bytes this rank holds: parameter shards, gradient shards, optimizer state, and the process RSS."""
+    def memory(self, probe: UpdateRequest | None = None) -> dict[str, float]:
+        """Bytes this rank holds: parameter shards, optimizer state, the process RSS and peak RSS.
+
+        With `probe`, also the gradient shards and the activations its forward keeps for the backward (every saved
+        tensor that is not a weight, counted once per storage); the probe's gradient is thrown away. A collective:
+        call it on every rank.
+        """
+        import resource
+
         import psutil
 
-        def local(t: torch.Tensor) -> torch.Tensor:
-            return t.to_local() if hasattr(t, "to_local") else t
+        def nbytes(t: torch.Tensor) -> int:
+            t = t.to_local() if hasattr(t, "to_local") else t
+            return t.numel() * t.element_size()
 
-        params = sum(local(p).numel() * local(p).element_size() for p in self.model.parameters())
-        grads = sum(local(p.grad).numel() * local(p.grad).element_size() for p in self.model.parameters()
-                    if p.grad is not None)
-        optim = sum(local(v).numel() * local(v).element_size() for s in self.optimizer.state.values()
-                    for v in s.values() if isinstance(v, torch.Tensor))
-        return {"params": params, "grads": grads, "optimizer": optim, "rss": psutil.Process().memory_info().rss}
+        activations = grads = 0
+        if probe is not None:
+            saved: dict[int, int] = {}
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                if not isinstance(t, torch.nn.Parameter):  # weights saved for backward are not activations
+                    saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                self.passes.idle_backward(_to_device(probe, self.device))
+            grads = sum(nbytes(p.grad) for p in self.model.parameters() if p.grad is not None)
+            self.optimizer.zero_grad(set_to_none=True)
+            activations = sum(saved.values())
+        return {"params": sum(nbytes(p) for p in self.model.parameters()), "grads": grads,
+                "optimizer": sum(nbytes(v) for s in self.optimizer.state.values() for v in s.values()
+                                 if isinstance(v, torch.Tensor)),
+                "activations": activations, "rss": psutil.Process().memory_info().rss,
+                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def shutdown(self) -> None:
         """Leave the process group."""
@@ -376,9 +397,9 @@ class FSDPBackend:
             raise FileNotFoundError(f"{folder} holds no {SHARDS_DIR}/ (it was not written with --trainers N >= 1)")
         self._call("load", [(str(folder), weights_only)] * self.world_size)
 
-    def memory(self) -> list[dict[str, float]]:
-        """Per rank: bytes of parameter shards, gradient shards, optimizer state, and the process RSS."""
-        return self._call("memory", [()] * self.world_size)
+    def memory(self, probe: UpdateRequest | None = None) -> list[dict[str, float]]:
+        """Per rank: see `TrainerWorker.memory` (`probe` measures the activations of one micro-batch)."""
+        return self._call("memory", [(probe,)] * self.world_size)
 
     def close(self) -> None:
         """Kill the workers (a peer of a dead worker may be blocked in a collective: never wait for it)."""
