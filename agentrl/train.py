@@ -36,7 +36,7 @@ from agentrl.cluster import ClusterError, start_ray
 from agentrl.config import ConfigError, RunConfig, config_to_dict
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
-from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
+from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss
 from agentrl.records import Sample, save_trajectories
 from agentrl.samples import trajectory_to_samples
 from agentrl.scheduler import RolloutScheduler, staleness_metrics
@@ -49,63 +49,18 @@ from agentrl.training.checkpoint import (
     save_checkpoint,
 )
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
+from agentrl.training.memory import MemoryPlan, plan_training_memory
 from agentrl.training.metrics import append_metrics, rollout_metrics, weighted_mean
+from agentrl.training.microbatch import collate, pack_by_tokens, padding_waste
 from agentrl.training.placement import Placement, PlacementPlan
 from agentrl.training.replay import DenseRouting, RoutingReplayError, routing_strategy
 from agentrl.training.single import SingleProcessBackend
 
-__all__ = ["train", "TrainingError", "sequence_logprobs", "set_up", "Run"]
+__all__ = ["train", "TrainingError", "set_up", "Run"]
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, collapse guard tripped); the message says why and where."""
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Right-padded tensors of a few samples. Token axis T = longest sequence - 1 (position t predicts token t+1)."""
-
-    input_ids: torch.Tensor  # [n, T+1]
-    attention_mask: torch.Tensor  # [n, T+1]
-    loss_mask: torch.Tensor  # [n, T]
-    rollout_logp: torch.Tensor  # [n, T]
-    advantages: torch.Tensor  # [n]
-
-
-def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    """Pad samples on the right into one micro-batch."""
-    width = max(len(s.input_ids) for s in samples)
-    n = len(samples)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.float32)
-    rlp = torch.zeros((n, width), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        L = len(s.input_ids)
-        ids[i, :L] = torch.tensor(s.input_ids)
-        attn[i, :L] = 1
-        mask[i, :L] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        rlp[i, :L] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return MicroBatch(ids, attn, mask[:, 1:], rlp[:, 1:], adv)
-
-
-def sequence_logprobs(model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False):
-    """Log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked).
-
-    Positions before the batch's first loss token get 0: their logits are never computed (`logits_to_keep`), which
-    skips the vocabulary projection over the prompts, the largest tensor of the pass for big vocabularies.
-    """
-    n, T = mb.loss_mask.shape
-    has_loss = mb.loss_mask.any(dim=0)  # [T]
-    t0 = int(has_loss.float().argmax()) if bool(has_loss.any()) else T - 1  # first position that carries loss
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=T + 1 - t0)
-    logits = out.logits[:, :-1].float()  # [n, T - t0, V]: positions t0 .. T-1
-    targets = mb.input_ids[:, t0 + 1 :]  # [n, T - t0]
-    tail = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T - t0]
-    logp = torch.nn.functional.pad(tail, (t0, 0))  # [n, T]
-    entropy = torch.nn.functional.pad(token_entropy(logits.detach()), (t0, 0)) if with_entropy else None
-    return logp, entropy
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
@@ -237,17 +192,41 @@ def _connect_ray(cfg: RunConfig) -> bool:
     return start_ray(R.ray_address, num_cpus=cores + cpu_trainers)
 
 
-def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str) -> tuple[TrainingBackend, Placement | None]:
+def _plan_memory(cfg: RunConfig, policy: LoadedModel) -> MemoryPlan:
+    """Decide gradient checkpointing and refuse a step that cannot fit (per trainer worker), before anything starts.
+
+    The limit: `loss.memory_limit_gb` when set; else the memory available here, shared by the CPU trainer workers
+    and the driver's engine copy on a local run. GPU memory (and the memory of other nodes) is only known on the
+    workers: set `loss.memory_limit_gb` to have it checked here.
+    """
+    L, R, T = cfg.loss, cfg.rollout, cfg.trainer
+    limit = int(L.memory_limit_gb * 2**30)
+    if not limit and T.workers and (T.gpus_per_worker > 0 or R.ray_address):
+        limit = 1 << 62
+    elif not limit and T.workers:
+        import psutil
+
+        limit = psutil.virtual_memory().available // (T.workers + 1)
+    return plan_training_memory(
+        policy.model, dtype_bytes=torch.finfo(getattr(torch, cfg.dtype)).bits // 8, token_budget=L.micro_batch_tokens,
+        longest_sample=R.max_context_tokens + R.max_new_tokens, checkpointing=L.gradient_checkpointing,
+        engine_copy=T.workers == 0 and (R.sync_every > 1 or R.async_rollout), limit_bytes=limit,
+        shards=max(T.workers, 1))
+
+
+def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str,
+                   memory: MemoryPlan) -> tuple[TrainingBackend, Placement | None]:
     """The training backend the config asks for, and the placement group its workers hold (if any)."""
     T, opt = cfg.trainer, cfg.optim
     if T.workers == 0:
         backend = SingleProcessBackend(policy, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
-                                       gradient_checkpointing=T.gradient_checkpointing)
+                                       gradient_checkpointing=memory.gradient_checkpointing)
         return backend, None
     placement = Placement(PlacementPlan(T.workers, T.gpus_per_worker, 0, T.gpus_per_engine, T.colocate))
     spec = WorkerSpec(source, dtype=cfg.dtype, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                       param_dtype=T.param_dtype or None, reduce_dtype=T.reduce_dtype or None,
-                      gradient_checkpointing=T.gradient_checkpointing, use_gpu=T.gpus_per_worker > 0, seed=cfg.seed)
+                      gradient_checkpointing=memory.gradient_checkpointing, use_gpu=T.gpus_per_worker > 0,
+                      seed=cfg.seed)
     try:
         backend = FSDPBackend(spec, T.workers, placement)
     except BaseException:
@@ -310,7 +289,8 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         source = str(checkpoint_folder(out)) if resume else cfg.model
         policy = load_model(source, dtype=dtype)
         policy.name = cfg.model
-        backend, placement = _build_backend(cfg, policy, source)
+        # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
+        backend, placement = _build_backend(cfg, policy, source, _plan_memory(cfg, policy))
         undo.callback(backend.close)
         if placement is not None:
             undo.callback(placement.close)
@@ -333,8 +313,10 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
                G.action), shuffle, start_step, placement, owns_ray)
 
 
-def _index_chunks(indices: list[int], size: int) -> list[list[int]]:
-    return [indices[i : i + size] for i in range(0, len(indices), size)]
+def _micro_batches(samples: list[Sample], members, cfg: RunConfig) -> list[list[int]]:
+    """Sample indices per micro-batch: longest first, packed to the token budget (see `pack_by_tokens`)."""
+    return pack_by_tokens([len(s.input_ids) for s in samples], members, cfg.loss.micro_batch_tokens,
+                          cfg.loss.micro_batch_size)
 
 
 def make_samples(trajectories: list, cfg: RunConfig) -> tuple[list[Sample], torch.Tensor]:
@@ -349,27 +331,29 @@ def make_samples(trajectories: list, cfg: RunConfig) -> tuple[list[Sample], torc
     return samples, rewards
 
 
-def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[list[torch.Tensor], float]:
+def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict[int, torch.Tensor], float,
+                                                                            list[list[int]]]:
     """pi_old: the trainer's log-probs of the sampled tokens before any update, and the mean entropy.
 
-    Returns per sample its `[len - 1]` log-probs, and the entropy averaged over loss tokens. The rollout's own
-    log-probs (mu) stay as they were: the importance weight pi_old / mu corrects any train-inference mismatch.
+    Returns per sample its `[len - 1]` log-probs, the entropy averaged over loss tokens, and the micro-batches.
+    The rollout's own log-probs (mu) stay as they were: the importance weight pi_old / mu corrects any
+    train-inference mismatch.
     """
-    chunks = _index_chunks(list(range(len(samples))), run.cfg.loss.micro_batch_size)
+    chunks = _micro_batches(samples, range(len(samples)), run.cfg)
     run.routing.begin_step(len(samples))
     requests = [run.routing.score_request(idx, [samples[i] for i in idx], collate([samples[i] for i in idx], pad_id))
                 for idx in chunks]
-    old_logp: list[torch.Tensor] = []
+    old_logp: dict[int, torch.Tensor] = {}
     entropy_sum, entropy_tokens = 0.0, 0.0
     for idx, request, scored in zip(chunks, requests, run.backend.score(requests)):
         run.routing.scored(idx, [samples[i] for i in idx], request.batch, scored)
-        old_logp += list(scored.logp)
+        old_logp |= {i: scored.logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
         entropy_sum += float((scored.entropy * request.batch.loss_mask).sum())
         entropy_tokens += float(request.batch.loss_mask.sum())
-    return old_logp, entropy_sum / max(entropy_tokens, 1.0)
+    return old_logp, entropy_sum / max(entropy_tokens, 1.0), chunks
 
 
-def update_policy(run: Run, samples: list[Sample], old_logp: list[torch.Tensor], pad_id: int,
+def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Tensor], pad_id: int,
                   step: int) -> tuple[list[LossResult], list[float]]:
     """One optimizer step per mini-batch of whole groups, accumulated over micro-batches.
 
@@ -384,7 +368,7 @@ def update_policy(run: Run, samples: list[Sample], old_logp: list[torch.Tensor],
         members = members.tolist()
         objective = PolicyObjective(functools.partial(policy_loss, L.name, **L.options), len(members),
                                     sum(samples[i].num_loss_tokens for i in members))
-        chunks = _index_chunks(members, L.micro_batch_size)
+        chunks = _micro_batches(samples, members, run.cfg)
         requests = []
         for idx in chunks:
             chunk = [samples[i] for i in idx]
@@ -461,7 +445,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             samples, rewards = make_samples(trajectories, cfg)
 
             # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says).
-            old_logp, entropy = score_old_policy(run, samples, pad_id)
+            old_logp, entropy, micro_batches = score_old_policy(run, samples, pad_id)
 
             # 5. Updates, then the engines sample from the new weights.
             results, grad_norms = update_policy(run, samples, old_logp, pad_id, step)
@@ -474,7 +458,9 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 "step": step, **rollout_metrics(trajectories, rewards), "entropy": entropy,
                 **weighted_mean(results),
                 "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-                "samples": len(samples), **run.routing.metrics(),
+                "samples": len(samples), "micro_batches": len(micro_batches),
+                "padding_waste": padding_waste([len(s.input_ids) for s in samples], micro_batches),
+                **run.routing.metrics(),
                 "rollout_seconds": t_rollout, "step_seconds": step_seconds,
                 "engine_busy_frac": (run.scheduler.engine.busy_seconds - busy_start) / step_seconds,
             }

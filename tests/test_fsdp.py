@@ -34,7 +34,7 @@ def _samples() -> list[Sample]:
 
 def _two_updates(backend) -> tuple[list[float], dict[str, torch.Tensor]]:
     """pi_old, then two optimizer steps on the same batch of three micro-batches; the norms and the weights."""
-    from agentrl.train import collate
+    from agentrl.training.microbatch import collate
 
     samples = _samples()
     batches = [collate(samples[i : i + 2], 0) for i in range(0, 6, 2)]  # 3 micro-batches: 2 workers get 2 + 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -118,6 +119,28 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def _route_logprobs_through_fsdp(model: torch.nn.Module) -> None:
+    """Make `token_logprobs` a method FSDP hooks like `forward`.
+
+    `token_logprobs` runs the backbone and reads the LM head's weight itself, never calling the root module's
+    `forward`, which is where FSDP gathers the root's own parameters (embeddings, final norm, LM head) and sets up
+    their gradient reduction. As a registered forward method it gets the same pre- and post-forward hooks.
+    """
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    from agentrl.training.logprobs import token_logprobs
+
+    def agentrl_token_logprobs(self, mb, **kwargs):
+        return token_logprobs(self, mb, **kwargs)
+
+    model.agentrl_token_logprobs = types.MethodType(agentrl_token_logprobs, model)
+    register_fsdp_forward_method(model, "agentrl_token_logprobs")
+
+
+def _fsdp_logprobs(model: torch.nn.Module, mb, **kwargs):
+    return model.agentrl_token_logprobs(mb, **kwargs)
+
+
 class TrainerWorker:
     """One FSDP rank (a Ray actor). The driver calls every method on all ranks at once.
 
@@ -171,8 +194,9 @@ class TrainerWorker:
         fully_shard(model, mp_policy=mp)
         model.train()
         self.model = model
+        _route_logprobs_through_fsdp(model)
         self.router = moe_router(model)
-        self.passes = MicroBatchPasses(model, self.router)
+        self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs)
         self.optimizer = build_optimizer(model, spec.lr, spec.betas, spec.weight_decay)
         self.config = policy.model.config
         return {"is_moe": self.router is not None,

@@ -7,13 +7,14 @@ passes (`MicroBatchPasses`) on their shard of the model, so both backends comput
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from agentrl.training.backend import LossResult, PolicyObjective, Scored, ScoreRequest, UpdateRequest
+from agentrl.training.logprobs import token_logprobs
 
 __all__ = ["MicroBatchPasses", "SingleProcessBackend", "OPTIMIZER_FILE", "build_optimizer", "moe_router"]
 
@@ -43,11 +44,13 @@ class MicroBatchPasses:
     Args:
         model: the causal LM (in train mode).
         router: its `RoutingReplay`, or None for a dense model.
+        logprobs: `token_logprobs`-shaped `(model, mb, with_entropy=...) -> (logp, entropy)`.
     """
 
-    def __init__(self, model: torch.nn.Module, router=None):
+    def __init__(self, model: torch.nn.Module, router=None, logprobs: Callable = token_logprobs):
         self.model = model
         self.router = router
+        self.logprobs = logprobs
 
     def _routing(self, routes: torch.Tensor | None):
         return nullcontext() if routes is None else self.router.replay(routes)
@@ -55,24 +58,20 @@ class MicroBatchPasses:
     @torch.no_grad()
     def score(self, request: ScoreRequest) -> Scored:
         """pi_old log-probs and entropy of one micro-batch (replaying or recording its experts when asked)."""
-        from agentrl.train import sequence_logprobs
-
         if request.record_routes:
             with self.router.record() as recording:
-                logp, entropy = sequence_logprobs(self.model, request.batch, with_entropy=True)
+                logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
             return Scored(logp, entropy, recording.routes)
         with self._routing(request.replay_routes):
-            logp, entropy = sequence_logprobs(self.model, request.batch, with_entropy=True)
+            logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
         return Scored(logp, entropy)
 
     def accumulate(self, request: UpdateRequest, objective: PolicyObjective, *, scale: float = 1.0) -> LossResult:
         """Forward + backward of the policy loss of one micro-batch; `scale` multiplies the loss before backward."""
-        from agentrl.train import sequence_logprobs
-
         mb = request.batch
         # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
         with self._routing(request.replay_routes):
-            logp, _ = sequence_logprobs(self.model, mb)
+            logp, _ = self.logprobs(self.model, mb)
             loss, metrics = objective(logp, request)
             # A non-finite loss still runs its backward: distributed workers must all join the same collectives,
             # and the loop refuses the optimizer step afterwards.
@@ -85,10 +84,8 @@ class MicroBatchPasses:
 
         A worker with fewer micro-batches than its peers still has to join every collective of FSDP.
         """
-        from agentrl.train import sequence_logprobs
-
         with self._routing(request.replay_routes):
-            logp, _ = sequence_logprobs(self.model, request.batch)
+            logp, _ = self.logprobs(self.model, request.batch)
             (logp.sum() * 0.0).backward()
 
 
