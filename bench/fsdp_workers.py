@@ -32,9 +32,9 @@ import torch
 from agentrl.cluster import start_ray
 from agentrl.objective import policy_loss
 from agentrl.records import Sample
-from agentrl.training.microbatch import collate
 from agentrl.training.backend import PolicyObjective, ScoreRequest, UpdateRequest
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
+from agentrl.training.microbatch import collate
 from agentrl.training.placement import Placement, PlacementPlan
 
 
