@@ -113,19 +113,14 @@ class Run:
     placement: Placement | None = None
     owns_ray: bool = False
 
-    @property
-    def backend_name(self) -> str:
-        """``single`` or ``fsdp``."""
-        return "fsdp" if isinstance(self.backend, FSDPBackend) else "single"
-
     def publish_weights(self) -> None:
-        """Give the rollout engine the weights just trained (in place already with the single-process backend)."""
-        if isinstance(self.backend, FSDPBackend):
+        """Give the rollout engine the weights just trained (nothing to do when the backend trains in place)."""
+        if not self.backend.trains_in_place:
             self.policy.model.load_state_dict(dict(self.backend.named_weights()))
 
     def save(self, step: int) -> Path:
         """Checkpoint after `step` (see `agentrl.training.checkpoint`)."""
-        state = TrainerState.capture(step, self.backend_name, self.backend.world_size, self.shuffle)
+        state = TrainerState.capture(step, self.backend.name, self.backend.world_size, self.shuffle)
         return save_checkpoint(self.out, self.backend, self.policy, state)
 
     def close(self) -> None:
@@ -214,25 +209,26 @@ def _plan_memory(cfg: RunConfig, policy: LoadedModel) -> MemoryPlan:
         shards=max(T.workers, 1))
 
 
-def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str,
-                   memory: MemoryPlan) -> tuple[TrainingBackend, Placement | None]:
-    """The training backend the config asks for, and the placement group its workers hold (if any)."""
-    T, opt = cfg.trainer, cfg.optim
+def _reserve_placement(cfg: RunConfig) -> Placement | None:
+    """Reserve the trainer workers' devices (None without workers); refuses a layout the cluster cannot hold."""
+    T = cfg.trainer
     if T.workers == 0:
-        backend = SingleProcessBackend(policy, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
-                                       gradient_checkpointing=memory.gradient_checkpointing)
-        return backend, None
-    placement = Placement(PlacementPlan(T.workers, T.gpus_per_worker, 0, T.gpus_per_engine, T.colocate))
+        return None
+    return Placement(PlacementPlan(T.workers, T.gpus_per_worker, 0, T.gpus_per_engine, T.colocate))
+
+
+def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str, memory: MemoryPlan,
+                   placement: Placement | None) -> TrainingBackend:
+    """The training backend the config asks for (its workers go where `placement` reserved)."""
+    T, opt = cfg.trainer, cfg.optim
+    if placement is None:
+        return SingleProcessBackend(policy, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
+                                    gradient_checkpointing=memory.gradient_checkpointing)
     spec = WorkerSpec(source, dtype=cfg.dtype, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                       param_dtype=T.param_dtype or None, reduce_dtype=T.reduce_dtype or None,
                       gradient_checkpointing=memory.gradient_checkpointing, use_gpu=T.gpus_per_worker > 0,
                       seed=cfg.seed)
-    try:
-        backend = FSDPBackend(spec, T.workers, placement)
-    except BaseException:
-        placement.close()
-        raise
-    return backend, placement
+    return FSDPBackend(spec, T.workers, placement)
 
 
 def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path, start_step: int,
@@ -286,14 +282,15 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
     with contextlib.ExitStack() as undo:  # a set-up that fails half way releases what it had built
         owns_ray = _connect_ray(cfg)
         undo.callback(_disconnect_ray, owns_ray)
+        placement = _reserve_placement(cfg)
+        if placement is not None:
+            undo.callback(placement.close)
         source = str(checkpoint_folder(out)) if resume else cfg.model
         policy = load_model(source, dtype=dtype)
         policy.name = cfg.model
         # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
-        backend, placement = _build_backend(cfg, policy, source, _plan_memory(cfg, policy))
+        backend = _build_backend(cfg, policy, source, _plan_memory(cfg, policy), placement)
         undo.callback(backend.close)
-        if placement is not None:
-            undo.callback(placement.close)
         shuffle = torch.Generator().manual_seed(cfg.seed)
         routing = routing_strategy(cfg.loss.routing_replay, backend.is_moe, cfg.model)
         if state is not None:

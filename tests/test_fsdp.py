@@ -10,6 +10,8 @@ import functools
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -72,9 +74,11 @@ def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray):
     from agentrl.models import load_model
     from agentrl.training.single import SingleProcessBackend
 
+    init = {k: v.clone() for k, v in load_model("tiny-qwen3").model.state_dict().items()}
     ref_norms, ref = _two_updates(SingleProcessBackend(load_model("tiny-qwen3"), lr=1e-3, betas=(0.9, 0.999),
                                                        weight_decay=0.0))
     assert all(n > 0 for n in ref_norms)
+    assert max(float((ref[k] - init[k]).abs().max()) for k in ref) > 1e-4  # the update is not a no-op
     for workers in (1, 2):
         backend, placement = _fsdp(workers)
         try:
@@ -89,8 +93,6 @@ def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray):
         assert weights.keys() == ref.keys()
         for name in ref:
             torch.testing.assert_close(weights[name], ref[name], rtol=0, atol=1e-6, msg=f"{workers} workers: {name}")
-        moved = max(float((weights[k] - load_model("tiny-qwen3").model.state_dict()[k]).abs().max()) for k in ref)
-        assert moved > 1e-4  # the update is not a no-op (lr 1e-3, two steps)
 
 
 def _tiny_fsdp_config(tmp_path, name: str, **overrides):
@@ -156,3 +158,48 @@ def test_single_process_resume_reproduces_the_next_step_exactly(tmp_path):
 @pytest.mark.slow
 def test_fsdp_resume_from_sharded_checkpoint_reproduces_the_next_step_exactly(tmp_path):
     _resume_matches_a_straight_run(tmp_path, workers=2)
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _clean_failure(out: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in out.stderr, f"{fragment!r} missing from: {out.stderr[-3000:]}"
+
+
+def test_more_trainer_workers_than_cores_or_gpus_is_refused_before_anything_starts(tmp_path):
+    too_many = (os.cpu_count() or 1) + 1
+    out = _cli("--env", "math", "--model", "tiny-qwen3", "--trainers", str(too_many), "--output", str(tmp_path / "a"))
+    _clean_failure(out, "more workers than devices", f"--trainers {too_many}")
+    out = _cli("--env", "math", "--model", "tiny-qwen3", "--trainers", "2", "--gpus-per-trainer", "1",
+               "--output", str(tmp_path / "b"))
+    _clean_failure(out, "more workers than devices", "need 2 GPUs, and the Ray cluster has 0")
+    assert not (tmp_path / "a" / "metrics.jsonl").exists() and not (tmp_path / "b" / "config.yaml").exists()
+
+
+def test_a_step_that_cannot_fit_a_worker_is_refused_before_the_workers_start(tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text("model: tiny-qwen3\nenv: {id: math}\ntrainer: {workers: 2}\n"
+                      "loss: {memory_limit_gb: 0.05, gradient_checkpointing: 'on'}\n")
+    out = _cli("--config", str(config), "--output", str(tmp_path / "run"))
+    _clean_failure(out, "the training step needs about", "GiB is available")
+
+
+@pytest.mark.slow
+def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path):
+    out = _cli("--env", "math", "--model", "tiny-qwen3", "--trainers", "2", "--steps", "2", "--group-size", "2",
+               "--prompts-per-step", "2", "--max-new-tokens", "8", "--output", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    # The engine samples from the weights the workers trained: pi_old (workers) equals mu (driver) to float noise.
+    assert all(abs(r["kl_k3"]) < 1e-4 for r in rows)
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert (ckpt / "shards" / ".metadata").exists() and (ckpt / "model.safetensors").exists()
+    from agentrl.models import load_model
+
+    load_model(str(ckpt))  # the HF-format export loads on its own

@@ -122,10 +122,17 @@ class TrainingBackend(Protocol):
     """Holds the policy weights and the optimizer; does the passes the loop asks for.
 
     Attributes:
+        name: ``single`` or ``fsdp`` (the optimizer-state layout its checkpoints hold).
         world_size: trainer processes (1 for the single-process backend).
+        trains_in_place: the driver's own module is the one being trained (an engine sampling from it sees every
+            update at once); otherwise the engines need `named_weights` after every update.
+        is_moe: the model has MoE routers (Routing Replay applies).
     """
 
+    name: str
     world_size: int
+    trains_in_place: bool
+    is_moe: bool
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         """pi_old log-probs and entropy of each micro-batch, without gradients, in the order given."""

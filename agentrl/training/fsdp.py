@@ -326,6 +326,9 @@ class FSDPBackend:
         placement: where they go (`agentrl.training.placement.Placement`).
     """
 
+    name = "fsdp"
+    trains_in_place = False
+
     def __init__(self, spec: WorkerSpec, world_size: int, placement):
         import ray
 

@@ -99,7 +99,9 @@ class SingleProcessBackend:
         gradient_checkpointing: recompute activations in the backward (less memory, about 30% more compute).
     """
 
+    name = "single"
     world_size = 1
+    trains_in_place = True
 
     def __init__(self, policy, *, lr: float, betas: tuple[float, float], weight_decay: float,
                  gradient_checkpointing: bool = False):
