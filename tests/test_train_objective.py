@@ -96,21 +96,24 @@ def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_go
     # not be saved, and the rollback must restore step 1's weights and AdamW moments together.
     saved: dict[int, tuple[dict, dict]] = {}
     restored: list[tuple[int, dict, dict]] = []
-    real_save, real_restore, real_update = train_mod.save_checkpoint, train_mod.restore_checkpoint, CollapseGuard.update
+    real_save, real_restore, real_update = train_mod.Run.save, train_mod.restore_checkpoint, CollapseGuard.update
 
-    def save(out, policy, optimizer, step):
-        saved[step] = (copy.deepcopy(policy.model.state_dict()), copy.deepcopy(optimizer.state_dict()))
-        return real_save(out, policy, optimizer, step)
+    def snapshot(backend) -> tuple[dict, dict]:  # the single-process backend's live module and AdamW
+        return copy.deepcopy(backend.model.state_dict()), copy.deepcopy(backend.optimizer.state_dict())
 
-    def restore(out, model, optimizer):
-        step = real_restore(out, model, optimizer)
-        restored.append((step, copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())))
+    def save(self, step):
+        saved[step] = snapshot(self.backend)
+        return real_save(self, step)
+
+    def restore(out, backend, publish):
+        step = real_restore(out, backend, publish)
+        restored.append((step, *snapshot(backend)))
         return step
 
     def update(self, metrics, step=None):
         return real_update(self, metrics | ({"entropy": 0.0} if step == 3 else {}), step=step)
 
-    monkeypatch.setattr(train_mod, "save_checkpoint", save)
+    monkeypatch.setattr(train_mod.Run, "save", save)
     monkeypatch.setattr(train_mod, "restore_checkpoint", restore)
     monkeypatch.setattr(CollapseGuard, "update", update)
     cfg = _cfg(tmp_path, steps=4, save_every=2, **{
