@@ -4,6 +4,10 @@ A run pays for a reference model (a second copy of the weights, and one extra fo
 only when `loss.options.kl_coef > 0` (KL in the loss) or `loss.kl_reward_coef > 0` (KL as a reward penalty). The
 reference is always the run's base `model`, also after `--resume`: the KL keeps the policy near where training
 started, not near the last checkpoint. Its memory is reported in the step metrics (`ref_model_bytes`).
+
+Limitation: the reference lives in the driver process, where `load_model` puts it (the CPU), also when FSDP trainer
+workers hold the policy on GPUs; its pass costs a CPU forward of the whole model per step. That is fine for the
+small models of a CPU machine; sharding the reference onto the trainer workers is left to do.
 """
 
 from __future__ import annotations
