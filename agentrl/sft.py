@@ -50,8 +50,11 @@ class SFTError(ValueError):
 
 @dataclass
 class SFTConfig:
-    """Everything `agentrl sft` needs. The `rollout` section is RL's: the same turn and context budgets, chat
-    family, observation role and thinking mode, so demonstrations are rendered as RL will render the episodes."""
+    """Everything `agentrl sft` needs.
+
+    The `rollout` section is RL's: the same turn and context budgets, chat family, observation role and thinking mode,
+    so demonstrations are rendered as RL will render the episodes.
+    """
 
     model: str = "smollm2-135m"
     """A built-in, a local Hugging Face folder (a checkpoint included) or a hub id."""
@@ -214,8 +217,10 @@ def expert_demonstrations(make_env: Callable[[], TextEnv], env_id: str, seeds: S
 def conversation_trajectory(messages: Sequence[dict[str, Any]], tokenizer, *, env_id: str = "conversation",
                             index: int = 0, chat_kwargs: dict[str, Any] | None = None,
                             context_options: dict[str, Any] | None = None) -> Trajectory:
-    """A chat conversation as a trajectory: optional system message, a user message, then assistant replies each
-    followed by an observation (``user`` or ``tool``). Only the assistant messages carry loss.
+    """A chat conversation as a trajectory; only the assistant messages carry loss.
+
+    The shape: an optional system message, a user message, then assistant replies each followed by an observation
+    (``user`` or ``tool``; the last reply may end the conversation).
 
     Raises:
         SFTError: a conversation that does not have that shape, saying where.
