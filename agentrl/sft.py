@@ -78,6 +78,9 @@ class SFTConfig:
     """AdamW decoupled weight decay."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 = off)."""
+    max_seconds: float = 0.0
+    """Wall-clock bound on the training loop (0 = none): the run stops after the step that crosses it, checkpoints
+    and evaluates as usual, and says so in summary.json."""
     eval_episodes: int = 32
     """Held-out tasks to evaluate the checkpoint on (0 = skip)."""
     eval_temperature: float | None = None
@@ -93,7 +96,7 @@ class SFTConfig:
         for name in ("epochs", "batch_size", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip"):
+        for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip", "max_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.lr > 0:
@@ -425,10 +428,15 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     total_steps = cfg.epochs * batches_per_epoch
     model.train()
     step = 0
+    t_loop = time.perf_counter()
+    out_of_time = False
     bar = tqdm(total=total_steps, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}", unit="step")
     for epoch in range(cfg.epochs):
         perm = torch.randperm(len(samples), generator=order).tolist()
         for b in range(batches_per_epoch):
+            out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t_loop > cfg.max_seconds
+            if out_of_time:
+                break
             t0 = time.perf_counter()
             batch = [samples[i] for i in perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]]
             num_tokens = sum(s.num_loss_tokens for s in batch)
@@ -457,6 +465,8 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
             bar.update(1)
             bar.set_postfix({"loss": f"{loss_sum:.3f}"})
             step += 1
+        if out_of_time:
+            break
     bar.close()
     t_train = time.perf_counter() - t_start - t_data
     save_checkpoint(out, policy, optimizer, step - 1)
@@ -465,6 +475,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     plot_sft_curves(out / "metrics.jsonl", out / "curves.png")
 
     summary: dict[str, Any] = {"demonstrations": source, "samples": len(samples), "steps": step,
+                               "planned_steps": total_steps, "stopped_by_max_seconds": out_of_time,
                                "data_seconds": t_data, "train_seconds": t_train}
     if cfg.eval_episodes:
         from agentrl.evaluate import EvalConfig, evaluate
