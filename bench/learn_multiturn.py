@@ -100,6 +100,8 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     sft_cfg |= {"output": str(sft_dir), "max_seconds": float(args.sft_seconds), "eval_episodes": 0}
     if args.demos:
         sft_cfg["demos"] = args.demos
+    if args.model:
+        sft_cfg["model"] = args.model
     rl_cfg |= {"output": str(rl_dir), "model": str(sft_dir / "checkpoint"), "save_every": 1}
     if args.rl_steps:
         rl_cfg["steps"] = args.rl_steps
@@ -263,6 +265,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=48)
     parser.add_argument("--demos", type=int, default=0, help="override the recipes' demonstration count")
     parser.add_argument("--rl-steps", type=int, default=0, help="override the recipes' RL steps")
+    parser.add_argument("--model", default="", help="override the recipes' base model (tiny-qwen3: a smoke test)")
     parser.add_argument("--temperature", type=float, default=None, help="eval temperature (default: official)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
     parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")
