@@ -68,8 +68,11 @@ class SFTConfig:
     """Passes over the demonstrations."""
     batch_size: int = 8
     """Samples per optimizer step."""
-    micro_batch_size: int = 4
-    """Samples per forward/backward pass (memory knob only: the gradient does not depend on it)."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per forward/backward pass (samples x longest), as in RL: the memory knob; the gradient does
+    not depend on it."""
+    micro_batch_size: int = 0
+    """Optional cap on samples per forward/backward pass (0 = only the token budget counts)."""
     lr: float = 5e-5
     """AdamW learning rate (constant after a linear warm-up of `warmup_steps`)."""
     warmup_steps: int = 2
@@ -93,10 +96,11 @@ class SFTConfig:
     """Training precision."""
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "micro_batch_size"):
+        for name in ("epochs", "batch_size", "micro_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip", "max_seconds"):
+        for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip", "max_seconds",
+                     "micro_batch_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.lr > 0:
@@ -392,7 +396,9 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     import agentrl
     from agentrl.models import load_model
-    from agentrl.train import collate, save_checkpoint, sequence_logprobs
+    from agentrl.train import save_checkpoint
+    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.microbatch import collate, pack_by_tokens
 
     if not cfg.output:
         cfg = dataclasses.replace(cfg, output=str(default_sft_dir(cfg)))
@@ -424,6 +430,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     order = torch.Generator().manual_seed(cfg.seed)
+    lengths = [len(s.input_ids) for s in samples]
     batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
     total_steps = cfg.epochs * batches_per_epoch
     model.train()
@@ -438,16 +445,17 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
             if out_of_time:
                 break
             t0 = time.perf_counter()
-            batch = [samples[i] for i in perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]]
+            members = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+            batch = [samples[i] for i in members]
             num_tokens = sum(s.num_loss_tokens for s in batch)
             lr = _lr_at(step, cfg.lr, cfg.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
-            for i in range(0, len(batch), cfg.micro_batch_size):
-                mb = collate(batch[i : i + cfg.micro_batch_size], pad_id)
-                logp, _ = sequence_logprobs(model, mb)
+            for chunk in pack_by_tokens(lengths, members, cfg.micro_batch_tokens, cfg.micro_batch_size):
+                mb = collate([samples[i] for i in chunk], pad_id)
+                logp, _ = token_logprobs(model, mb)  # [n, T]; never the full [n, T, V] logits
                 loss = sft_loss(logp, mb.loss_mask, num_tokens)
                 if not torch.isfinite(loss):
                     raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.lr})")

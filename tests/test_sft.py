@@ -199,3 +199,16 @@ def test_cli_sft_bad_input_is_one_clear_line(tmp_path):
                    "--output", str(tmp_path / "x"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "demonstrations file not found" in out.stderr
+
+
+def test_expert_episodes_obey_rls_turn_and_context_budgets(qwen3_tokenizer, tmp_path):
+    short = expert_trajectory(CorridorEnv(), "corridor-test", 1, qwen3_tokenizer, max_turns=2)
+    assert len(short.turns) == 2 and short.truncated and not short.success
+    tight = expert_trajectory(CorridorEnv(), "corridor-test", 1, qwen3_tokenizer, max_context_tokens=40)
+    assert len(tight.turns) == 1 and tight.truncated  # the second prompt would pass 40 tokens
+    # Demonstrations that never succeed are not gold: SFT refuses to train on none, and says which budget to raise.
+    cfg = SFTConfig(model="tiny-qwen3", env=EnvConfig("corridor-test", {}), demos=2, eval_episodes=0,
+                    output=str(tmp_path / "none"))
+    cfg.rollout.max_turns = 2
+    with pytest.raises(SFTError, match="solved none of 2 episodes within max_turns=2"):
+        run_sft(cfg, progress=False)
