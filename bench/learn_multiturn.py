@@ -11,9 +11,9 @@ Per env, with `configs/<env>-sft.yaml` and `configs/<env>-rl.yaml`:
   3. Eval: ``agentrl eval`` of the base model, the SFT checkpoint and the RL checkpoint: the env's held-out split,
      the same task seeds, the same sampler seed and settings. Success with 95% Wilson intervals, and the paired
      bootstrap interval of SFT+RL minus SFT (the same tasks on both sides).
-Every phase runs in its own process with a wall-clock limit: its wall time and peak RSS (ru_maxrss of the child) are
-recorded. From the runs: mean turns and tokens per episode, the rollout share of RL step time, and the tokens the
-trainer processes per episode. Writes bench/results/learn_multiturn.json and one PNG of curves per env.
+Every phase runs in its own process with a wall-clock limit: its wall time and peak resident memory (the process
+tree's, sampled) are recorded. From the runs: mean turns and tokens per episode, the rollout share of RL step time,
+and the tokens the trainer processes per episode. Writes bench/results/learn_multiturn.json and a PNG per env.
 
 ``--tokens-only`` measures what the trainer pays per episode against the number of turns, with no model: expert
 ALFWorld episodes stretched to 10/25/50 turns (a ``look`` between expert actions) rendered as merged samples (ChatML),
@@ -25,48 +25,55 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
 
 
-def _child_peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+def _tree_rss_mb(proc: psutil.Process) -> float:
+    """Resident memory of a process and all its descendants (Ray actors included), in MiB."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:  # exited between the listing and the read
+            pass
+    return total / 2**20
 
 
 def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
     """Run `agentrl <args>` with a wall-clock limit: SIGINT at the limit (the CLI saves what it has), kill 60 s later.
 
-    Peak RSS is the children's high-water mark after the phase: phases run one after another, so a phase that
-    does not raise it reports the earlier maximum (noted as an upper bound).
+    Peak memory is the largest resident size of the phase's process tree, sampled every half second.
     """
     t0 = time.perf_counter()
+    peak = 0.0
+    limited = False
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                                 cwd=ROOT, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
-        try:
-            rc = proc.wait(timeout=limit_s)
-            limited = False
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
-            limited = True
-            try:
-                rc = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss_mb(watched))
+            if not limited and time.perf_counter() - t0 > limit_s:
+                proc.send_signal(signal.SIGINT)
+                limited = True
+            if limited and time.perf_counter() - t0 > limit_s + 60:
                 proc.kill()
-                rc = proc.wait()
+            time.sleep(0.5)
+        rc = proc.returncode
     seconds = time.perf_counter() - t0
-    print(f"  {name}: rc {rc}, {seconds:.0f} s{' (stopped at the wall-clock limit)' if limited else ''}", flush=True)
-    return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb_upper": _child_peak_rss_mb(),
-            "log": str(log)}
+    print(f"  {name}: rc {rc}, {seconds:.0f} s, peak {peak:.0f} MiB"
+          f"{' (stopped at the wall-clock limit)' if limited else ''}", flush=True)
+    return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb": peak, "log": str(log)}
 
 
 def _rows(path: Path) -> list[dict]:
@@ -269,13 +276,15 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=None, help="eval temperature (default: official)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
     parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")
+    parser.add_argument("--skip-tokens", action="store_true", help="skip the trainer-tokens-vs-turns table")
     args = parser.parse_args()
 
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "load_average_at_start": os.getloadavg()}
-    print("trainer tokens per ALFWorld episode vs turns:")
-    results["trainer_tokens_vs_turns"] = trainer_tokens_vs_turns()
+    if not args.skip_tokens:
+        print("trainer tokens per ALFWorld episode vs turns:")
+        results["trainer_tokens_vs_turns"] = trainer_tokens_vs_turns()
     if not args.tokens_only:
         work = Path(args.work)
         results["envs"] = {}
