@@ -275,11 +275,13 @@ def main() -> None:
     parser.add_argument("--model", default="", help="override the recipes' base model (tiny-qwen3: a smoke test)")
     parser.add_argument("--temperature", type=float, default=None, help="eval temperature (default: official)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
+    parser.add_argument("--results", default=str(OUT / "learn_multiturn.json"), help="where the JSON goes")
     parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")
     parser.add_argument("--skip-tokens", action="store_true", help="skip the trainer-tokens-vs-turns table")
     args = parser.parse_args()
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    results_path = Path(args.results)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "load_average_at_start": os.getloadavg()}
     if not args.skip_tokens:
@@ -290,7 +292,7 @@ def main() -> None:
         results["envs"] = {}
         for env_id in [e.strip() for e in args.envs.split(",") if e.strip()]:
             results["envs"][env_id] = bench_env(env_id, args, work)
-            (OUT / "learn_multiturn.json").write_text(json.dumps(results, indent=1, default=str))
+            results_path.write_text(json.dumps(results, indent=1, default=str))
             summary = results["envs"][env_id].get("eval", {})
             for label in ("base", "sft", "sft_rl"):
                 if label in summary:
@@ -302,8 +304,8 @@ def main() -> None:
                     print(f"  {key}: {d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                           f"{'significant' if d['significant'] else 'not significant'}")
     results["load_average_at_end"] = os.getloadavg()
-    (OUT / "learn_multiturn.json").write_text(json.dumps(results, indent=1, default=str))
-    print(f"results in {OUT / 'learn_multiturn.json'}")
+    results_path.write_text(json.dumps(results, indent=1, default=str))
+    print(f"results in {results_path}")
 
 
 if __name__ == "__main__":
