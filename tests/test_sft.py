@@ -163,6 +163,7 @@ def _agentrl(*args, timeout=900):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow  # two model loads, an evaluation and an RL step in subprocesses: about 2 minutes on 2 cores
 def test_cli_sft_then_rl_and_eval_from_its_checkpoint(tmp_path):
     run = tmp_path / "sft"
     out = _agentrl("sft", "--env", "math", "--model", "tiny-qwen3", "--demos", "4", "--epochs", "2",
