@@ -163,17 +163,16 @@ def _agentrl(*args, timeout=900):
                           timeout=timeout, cwd=ROOT)
 
 
-@pytest.mark.slow  # two model loads, an evaluation and an RL step in subprocesses: about 2 minutes on 2 cores
-def test_cli_sft_then_rl_and_eval_from_its_checkpoint(tmp_path):
+def test_cli_sft_then_rl_from_its_checkpoint(tmp_path):
     run = tmp_path / "sft"
     out = _agentrl("sft", "--env", "math", "--model", "tiny-qwen3", "--demos", "4", "--epochs", "2",
-                   "--batch-size", "2", "--lr", "1e-3", "--eval-episodes", "2", "--output", str(run))
+                   "--batch-size", "2", "--lr", "1e-3", "--eval-episodes", "0", "--output", str(run))
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 4 and summary["eval"]["success_rate"]["n"] == 2
-    assert (run / "eval" / "results.json").exists()
+    assert summary["steps"] == 4 and summary["demonstrations"]["kept"] == 4 and "eval" not in summary
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(r["loss"] > 0 for r in rows)
+    assert (run / "curves.png").exists() and (run / "demonstrations.jsonl").exists()
 
     rl = tmp_path / "rl"
     out = _agentrl("run", "--env", "math", "--model", str(run / "checkpoint"), "--steps", "1", "--output", str(rl),
@@ -182,10 +181,10 @@ def test_cli_sft_then_rl_and_eval_from_its_checkpoint(tmp_path):
     assert len((rl / "metrics.jsonl").read_text().splitlines()) == 1
     from safetensors.torch import load_file
 
-    before = load_file(run / "checkpoint" / "model.safetensors")
-    after = load_file(rl / "checkpoint" / "model.safetensors")
     from agentrl.models import load_model
 
+    before = load_file(run / "checkpoint" / "model.safetensors")
+    after = load_file(rl / "checkpoint" / "model.safetensors")
     init = load_model("tiny-qwen3").model.state_dict()
     # RL started from the SFT weights, not from the base model: one RL step (zero advantages are likely with a random
     # model, so it may not move at all) stays far closer to SFT than SFT is to the base.
@@ -193,6 +192,20 @@ def test_cli_sft_then_rl_and_eval_from_its_checkpoint(tmp_path):
     rl_drift = max(float((after[k] - before[k]).abs().max()) for k in before)
     sft_drift = max(float((before[k] - init[k]).abs().max()) for k in before if k in init)
     assert rl_drift < 0.1 * sft_drift
+
+
+@pytest.mark.slow  # two evaluations in subprocesses: minutes on a shared 2-core machine
+def test_cli_sft_evaluates_held_out_and_eval_takes_its_checkpoint(tmp_path):
+    run = tmp_path / "sft"
+    out = _agentrl("sft", "--env", "alfworld", "--model", "tiny-qwen3", "--demos", "2", "--epochs", "1",
+                   "--max-turns", "15", "--eval-episodes", "2", "--output", str(run))
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval"]["success_rate"]["n"] == 2 and summary["eval"]["split"] == "valid_unseen"
+    out = _agentrl("eval", "--env", "alfworld", "--model", str(run / "checkpoint"), "--episodes", "1",
+                   "--max-turns", "2", "--max-new-tokens", "8", "--output", str(tmp_path / "eval"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["overall"]["episodes"] == 1
 
 
 def test_cli_sft_bad_input_is_one_clear_line(tmp_path):
