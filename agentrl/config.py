@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "EnvConfig", "RolloutConfig", "LossConfig", "OptimConfig", "GuardConfig", "RunConfig", "ConfigError",
+    "EnvConfig", "RolloutConfig", "LossConfig", "OptimConfig", "GuardConfig", "TrainerConfig", "RunConfig",
+    "ConfigError",
     "load_config", "apply_overrides", "config_to_dict",
 ]
 
@@ -220,6 +221,34 @@ class GuardConfig:
 
 
 @dataclass
+class TrainerConfig:
+    """Where and how the policy trains (see `agentrl.training`)."""
+
+    workers: int = 0
+    """FSDP2 trainer workers on Ray (``--trainers``); 0 trains in the driver process (one CPU machine)."""
+    gpus_per_worker: float = 0.0
+    """GPUs each trainer worker owns (``--gpus-per-trainer``; 0 = train on CPU with gloo, else NCCL)."""
+    gpus_per_engine: float = 0.0
+    """GPUs each Ray-placed inference engine owns (``--gpus-per-engine``)."""
+    colocate: bool = False
+    """Engines share the trainers' GPUs (sleeping while they train) instead of owning their own."""
+    param_dtype: str = ""
+    """FSDP mixed precision: compute dtype of the parameters (empty = `dtype`); bfloat16 on GPUs."""
+    reduce_dtype: str = ""
+    """FSDP mixed precision: dtype gradients are reduced in (empty = the parameters'); float32 with bf16 params."""
+
+    def __post_init__(self) -> None:
+        _require(self.workers >= 0, "trainer.workers", self.workers, ">= 0 (0 trains in the driver)")
+        _require(self.gpus_per_worker >= 0, "trainer.gpus_per_worker", self.gpus_per_worker, ">= 0")
+        _require(self.gpus_per_engine >= 0, "trainer.gpus_per_engine", self.gpus_per_engine, ">= 0")
+        for name in ("param_dtype", "reduce_dtype"):
+            _require(getattr(self, name) in ("", *DTYPES), f"trainer.{name}", getattr(self, name),
+                     f"empty or one of {', '.join(DTYPES)}")
+        _require(self.workers > 0 or self.gpus_per_worker == 0, "trainer.gpus_per_worker", self.gpus_per_worker,
+                 "0 when trainer.workers is 0 (the driver trains on CPU); set --trainers N to train on GPUs")
+
+
+@dataclass
 class RunConfig:
     """Everything `agentrl run` needs; `agentrl run --help` shows the common flags."""
 
@@ -230,6 +259,7 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     steps: int = 20
     """Training steps (one rollout batch each)."""
     seed: int = 0

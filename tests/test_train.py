@@ -123,11 +123,12 @@ def test_routing_replay_on_a_dense_model_is_a_clear_error(tmp_path):
 def test_smollm2_checkpoint_saves_and_reloads(tmp_path):
     # SmolLM2 comes from a GGUF file: its dequantized weights must save as a normal checkpoint and load back.
     from agentrl.models import load_model
-    from agentrl.train import save_checkpoint
+    from agentrl.training.checkpoint import TrainerState, save_checkpoint
+    from agentrl.training.single import SingleProcessBackend
 
     policy = load_model("smollm2-135m")
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-5)
-    ckpt = save_checkpoint(tmp_path, policy, optimizer, step=0)
+    backend = SingleProcessBackend(policy, lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0)
+    ckpt = save_checkpoint(tmp_path, backend, policy, TrainerState(step=0))
     again = load_model(str(ckpt))
     assert again.family == "chatml"
     a, b = policy.model.state_dict(), again.model.state_dict()

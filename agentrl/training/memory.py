@@ -116,7 +116,7 @@ class MemoryPlan:
 
 
 def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_sample: int, checkpointing: str,
-                         engine_copy: bool, limit_bytes: int = 0) -> MemoryPlan:
+                         engine_copy: bool, limit_bytes: int = 0, shards: int = 1) -> MemoryPlan:
     """Decide gradient checkpointing and check that the step fits, before the first rollout.
 
     Args:
@@ -127,6 +127,8 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
         checkpointing: ``on``, ``off`` or ``auto`` (on only when needed to fit).
         engine_copy: whether the inference engine holds its own weights in this process.
         limit_bytes: the memory the step may use (0 = what the machine has available now).
+        shards: FSDP trainer workers the weights, gradients and AdamW state are split over (activations are not);
+            the estimate and the limit are then per worker.
 
     Raises:
         ConfigError: the step cannot fit even with the cheapest settings this function controls; the message gives
@@ -137,7 +139,7 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
     from agentrl.config import ConfigError
 
     limit = limit_bytes or psutil.virtual_memory().available
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = -(-sum(p.numel() for p in model.parameters()) // shards)  # this worker's shard, rounded up
     tokens = max(token_budget, longest_sample)
 
     def estimate(ckpt: bool) -> MemoryEstimate:
