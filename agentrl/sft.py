@@ -41,7 +41,8 @@ from agentrl.records import Sample, Trajectory, Turn, load_trajectories
 from agentrl.samples import trajectory_to_samples
 
 __all__ = ["SFTConfig", "SFTError", "load_sft_config", "reply_ids", "expert_trajectory", "expert_demonstrations",
-           "load_demonstrations", "conversation_trajectory", "sft_loss", "run_sft", "plot_sft_curves"]
+           "load_demonstrations", "conversation_trajectory", "sft_loss", "demonstration_nll", "run_sft",
+           "plot_sft_curves"]
 
 
 class SFTError(ValueError):
@@ -81,6 +82,9 @@ class SFTConfig:
     """AdamW decoupled weight decay."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 = off)."""
+    val_demos: int = 0
+    """Expert episodes on the held-out split (eval seeds) whose agent-token NLL is measured before and after training:
+    a validation loss that costs one forward pass per episode, far less than `eval_episodes` rollouts."""
     max_seconds: float = 0.0
     """Wall-clock bound on the training loop (0 = none): the run stops after the step that crosses it, checkpoints
     and evaluates as usual, and says so in summary.json."""
@@ -100,7 +104,7 @@ class SFTConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip", "max_seconds",
-                     "micro_batch_size"):
+                     "micro_batch_size", "val_demos"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.lr > 0:
@@ -386,6 +390,35 @@ def _demonstrations(cfg: SFTConfig, policy, out: Path) -> tuple[list[Trajectory]
     return trajectories, source
 
 
+def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
+    """Samples of successful expert episodes on the env's held-out split, at the eval task seeds."""
+    import agentrl
+    from agentrl.evaluate import EVAL_SEED_OFFSET, resolve_split
+
+    kwargs, _ = resolve_split(cfg.env.id, agentrl.spec(cfg.env.id).load(),
+                              {k: v for k, v in cfg.env.kwargs.items() if k != "split"}, None)
+    played = expert_demonstrations(lambda: agentrl.make(cfg.env.id, **kwargs), cfg.env.id,
+                                   range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + cfg.val_demos), policy.tokenizer,
+                                   max_turns=cfg.rollout.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
+                                   chat_kwargs=cfg.chat_kwargs, context_options=cfg.context_options(policy.family))
+    return [s for t in played if t.success for s in trajectory_to_samples(t, 1.0) if s.num_loss_tokens]
+
+
+def demonstration_nll(model: torch.nn.Module, samples: Sequence[Sample], pad_id: int, token_budget: int) -> float:
+    """Mean negative log-likelihood per agent token of `samples` (no gradient)."""
+    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.microbatch import collate, pack_by_tokens
+
+    total = sum(s.num_loss_tokens for s in samples)
+    nll = 0.0
+    with torch.no_grad():
+        for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget):
+            mb = collate([samples[i] for i in chunk], pad_id)
+            logp, _ = token_logprobs(model, mb)
+            nll += float(sft_loss(logp, mb.loss_mask, total))
+    return nll
+
+
 def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -> Path:
     """Fine-tune `cfg.model` on demonstrations; write the run folder and return it (see the module docstring).
 
@@ -396,9 +429,10 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     import agentrl
     from agentrl.models import load_model
-    from agentrl.train import save_checkpoint
+    from agentrl.training.checkpoint import TrainerState, save_checkpoint
     from agentrl.training.logprobs import token_logprobs
     from agentrl.training.microbatch import collate, pack_by_tokens
+    from agentrl.training.single import SingleProcessBackend
 
     if not cfg.output:
         cfg = dataclasses.replace(cfg, output=str(default_sft_dir(cfg)))
@@ -428,7 +462,11 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     t_data = time.perf_counter() - t_start
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    validation = _validation_samples(cfg, policy) if cfg.val_demos else []
+    val_before = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
+    # RL's single-process backend holds the model and its AdamW, so the checkpoint has RL's layout exactly.
+    backend = SingleProcessBackend(policy, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
+    optimizer = backend.optimizer
     order = torch.Generator().manual_seed(cfg.seed)
     lengths = [len(s.input_ids) for s in samples]
     batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
@@ -477,7 +515,8 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
             break
     bar.close()
     t_train = time.perf_counter() - t_start - t_data
-    save_checkpoint(out, policy, optimizer, step - 1)
+    val_after = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
+    save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, 1, order))
     # `agentrl eval RUN/checkpoint` reads the thinking mode the checkpoint was trained with from here.
     (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.chat_kwargs}))
     plot_sft_curves(out / "metrics.jsonl", out / "curves.png")
@@ -485,6 +524,9 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     summary: dict[str, Any] = {"demonstrations": source, "samples": len(samples), "steps": step,
                                "planned_steps": total_steps, "stopped_by_max_seconds": out_of_time,
                                "data_seconds": t_data, "train_seconds": t_train}
+    if validation:
+        summary["validation"] = {"samples": len(validation), "split_seeds_from": "eval (held-out split)",
+                                 "nll_before": val_before, "nll_after": val_after}
     if cfg.eval_episodes:
         from agentrl.evaluate import EvalConfig, evaluate
 

@@ -144,7 +144,8 @@ def test_sft_loss_is_the_mean_nll_of_agent_tokens():
 def test_sft_loss_falls_on_a_fixed_batch_and_saves_a_checkpoint(tmp_path):
     # One demonstration in one batch: every step sees the same batch, so the loss must fall.
     cfg = SFTConfig(model="tiny-qwen3", env=EnvConfig("corridor-test", {}), demos=1, epochs=6, batch_size=8,
-                    micro_batch_size=2, lr=1e-2, warmup_steps=0, eval_episodes=0, output=str(tmp_path / "sft"))
+                    micro_batch_size=2, lr=1e-2, warmup_steps=0, eval_episodes=0, val_demos=1,
+                    output=str(tmp_path / "sft"))
     out = run_sft(cfg, progress=False)
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 6
@@ -154,6 +155,8 @@ def test_sft_loss_falls_on_a_fixed_batch_and_saves_a_checkpoint(tmp_path):
     assert (ckpt / "model.safetensors").exists() and (out / "curves.png").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["demonstrations"]["kept"] == 1 and summary["samples"] == 3  # thinking mode: one per turn
+    # The held-out demonstration (an eval seed: another task text) is more likely after training on this one.
+    assert summary["validation"]["nll_after"] < summary["validation"]["nll_before"]
     with pytest.raises(SFTError, match="already holds a run"):
         run_sft(cfg, progress=False)
 
