@@ -35,7 +35,7 @@ from agentrl.envs.webshop.store import RecordStore, write_records
 __all__ = ["DEFAULT_NUM_PRODUCTS", "WebShopResource", "cache_root", "catalogue_key"]
 
 DEFAULT_NUM_PRODUCTS = 1000
-GENERATOR_VERSION = 1  # bump when generator.py changes what it produces, so old caches are not reused
+GENERATOR_VERSION = 2  # bump when generator.py changes what it produces, so old caches are not reused
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
