@@ -181,6 +181,10 @@ def test_score_equals_the_reference_on_generated_purchases():
     # synthetic and human goals), 7 x 50 of them: exactly equal floats. bench/webshop_reward_parity.py runs 10k+.
     for goal, product, options in generate_purchases(num_products=150, seed=3, count=350):
         assert score(goal, product, options, tagger="spacy") == ref_get_reward(product, goal, product["price"], options)
+    # The same with the title nouns a cached catalogue stores (tagged in batches at build time), as the env scores.
+    for goal, product, options in generate_purchases(num_products=150, seed=4, count=140, stored_nouns=True):
+        assert product["name_nouns_tagger"] == "spacy"
+        assert score(goal, product, options) == ref_get_reward(product, goal, product["price"], options)
 
 
 def test_generated_option_values_survive_colour_normalisation():
