@@ -167,7 +167,8 @@ def _never(old: Sequence[Message], new: Sequence[Message], template_vars: Mappin
 
 
 def _qwen3_rewrites(old, new, template_vars) -> bool:
-    return _shown_changes(_qwen3_shown, True, old, new)
+    # The reply was seen with a think block exactly when it wrote one (or the prompt prefilled one).
+    return _shown_changes(_qwen3_shown, "reasoning_content" in new[0], old, new)
 
 
 def _glm_shown(messages: Sequence[Message], i: int) -> bool:
@@ -281,6 +282,12 @@ class TemplateFamily:
                                                    add_generation_prompt=add_generation_prompt,
                                                    **{**self.template_vars, **template_vars})
 
+    def thinks(self, template_vars: Mapping[str, Any]) -> bool:
+        """Whether replies reason under these template variables (thinking switched off closes the block)."""
+        if self.name == "deepseek-v3.1":
+            return bool(template_vars.get("thinking"))
+        return self.reasons and template_vars.get("enable_thinking", True) is not False
+
     def parse(self, reply: str, prefill: str = "") -> ParsedReply:
         """Parse a reply (its end-of-turn marker removed) into a structured message, its reasoning and tool calls.
 
@@ -350,7 +357,7 @@ def _read(filename: str) -> str:
 
 
 def _ds_calls_r1(calls: Sequence[ToolCall]) -> str:
-    body = "\n".join(f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n{json.dumps(c.arguments)}\n```"
+    body = "\n".join(f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n{json.dumps(c.arguments, ensure_ascii=False)}\n```"
                      "<｜tool▁call▁end｜>" for c in calls)
     return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>" if calls else ""
 
@@ -362,28 +369,48 @@ def _write_r1(family, history, reasoning, content, calls, template_vars) -> str:
 
 def _write_v31(family, history, reasoning, content, calls, template_vars) -> str:
     head = f"{reasoning}</think>" if template_vars.get("thinking") and _after_user(history) else ""
-    body = "".join(f"<｜tool▁call▁begin｜>{c.name}<｜tool▁sep｜>{json.dumps(c.arguments)}<｜tool▁call▁end｜>"
+    body = "".join(f"<｜tool▁call▁begin｜>{c.name}<｜tool▁sep｜>{json.dumps(c.arguments, ensure_ascii=False)}<｜tool▁call▁end｜>"
                    for c in calls)
     section = f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>" if calls else ""
     return head + content + section + "<｜end▁of▁sentence｜>"
 
 
 def _write_kimi_thinking(family, history, reasoning, content, calls, template_vars) -> str:
-    body = "".join(f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>{json.dumps(c.arguments)}"
+    body = "".join(f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>{json.dumps(c.arguments, ensure_ascii=False)}"
                    "<|tool_call_end|>" for i, c in enumerate(calls))
     section = f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>" if calls else ""
     return f"<think>{reasoning}</think>{content}{section}<|im_end|>"
 
 
+def _write_qwen_answer(family, history, reasoning, content, calls, template_vars) -> str:
+    # Qwen3-Instruct-2507 answers without a think block (its template would render an empty one for a final turn).
+    body = "\n".join(f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n</tool_call>"
+                     for c in calls)
+    return content + ("\n" if content and calls else "") + body + "<|im_end|>"
+
+
+def _write_harmony(family, history, reasoning, content, calls, template_vars) -> str:
+    # Rendering the reply as the final turn would also drop earlier tool-call analysis: write the harmony text.
+    parts = [f"<|channel|>analysis<|message|>{reasoning}<|end|>"] if reasoning else []
+    if calls:
+        c = calls[0]
+        parts.append(f" to=functions.{c.name}<|channel|>commentary json<|message|>"
+                     f"{json.dumps(c.arguments, ensure_ascii=False)}<|call|>")
+    else:
+        parts.append(f"<|channel|>final<|message|>{content}<|return|>")
+    return "<|start|>assistant".join(parts)
+
+
 def _write_smollm3(family, history, reasoning, content, calls, template_vars) -> str:
     think = f"<think>\n{reasoning}\n</think>\n" if reasoning and template_vars.get("enable_thinking", True) else ""
-    body = "".join(f"\n<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>"
+    body = "".join(f"\n<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n</tool_call>"
                    for c in calls)
     return think + content + body + "<|im_end|>"
 
 
 _WRITERS = {"deepseek-r1": _write_r1, "deepseek-r1-distill": _write_r1, "deepseek-v3.1": _write_v31,
-            "kimi-k2-thinking": _write_kimi_thinking, "smollm3": _write_smollm3}
+            "kimi-k2-thinking": _write_kimi_thinking, "smollm3": _write_smollm3,
+            "qwen3-2507-instruct": _write_qwen_answer, "gpt-oss": _write_harmony}
 
 _QWEN_PREFILLS = ("<think>\n\n</think>\n\n", "<think>\n")
 _DS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
@@ -400,7 +427,7 @@ FAMILIES: dict[str, TemplateFamily] = {
         TemplateFamily("qwen3-2507-thinking", "qwen3-2507-thinking.jinja", "Qwen3-*-Thinking-2507",
                        ("<|im_end|>",), True, "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor),
         TemplateFamily("qwen3-2507-instruct", "qwen3-2507-instruct.jinja",
-                       "Qwen3-*-Instruct-2507 (derived from the Thinking-2507 file)", ("<|im_end|>",), True, "qwen3",
+                       "Qwen3-*-Instruct-2507 (derived from the Thinking-2507 file)", ("<|im_end|>",), False, "qwen3",
                        _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor),
         TemplateFamily("smollm3", "smollm3.jinja", "SmolLM3 (/think and /no_think)", ("<|im_end|>",), True,
                        "smollm3", _never, prefills=("<think>\n\n</think>\n",)),

@@ -60,18 +60,23 @@ args = st.fixed_dictionaries({"q": text}, optional={"n": st.integers(0, 99)})
 intent = st.tuples(st.one_of(st.just(""), text), text, st.lists(args, max_size=2))
 
 
-def _intent(family, reasoning, content, calls):
+def _intent(family, kwargs, reasoning, content, calls):
     f = get_family(family)
     calls = [ToolCall("search", a) for a in calls[: f.max_tool_calls]]
-    if not f.reasons:
+    if not f.thinks(kwargs):
         reasoning = ""
     if calls and not f.content_with_calls:
         content = ""
     return reasoning, content.strip() if family in ("llama-3.1", "glm-4.6") else content, calls
 
 
+_TOKENIZERS: dict[str, object] = {}
+
+
 def _tokenizer(qwen3_tokenizer, family):
-    tok = copy.deepcopy(qwen3_tokenizer)
+    if family in _TOKENIZERS:
+        return _TOKENIZERS[family]
+    tok = _TOKENIZERS[family] = copy.deepcopy(qwen3_tokenizer)
     if not family.startswith(("qwen", "chatml", "smollm")):
         f = get_family(family)
         markers = set(f.end_of_turn) | {v for k, v in f.template_vars.items() if k.endswith("_token")}
@@ -117,7 +122,7 @@ def test_episodes_match_the_official_rendering_and_the_stated_rule(qwen3_tokeniz
     prompt = ctx.first_prompt("Find the capital of France.")
     turns = []
     for k in range(data.draw(st.integers(1, 4))):
-        reasoning, content, calls = _intent(family, *data.draw(intent))
+        reasoning, content, calls = _intent(family, kwargs, *data.draw(intent))
         role = data.draw(st.sampled_from(["user", "tool"]))
         if role == "tool" and f.tool_role_needs_call and not calls:
             role = "user"
@@ -129,9 +134,7 @@ def test_episodes_match_the_official_rendering_and_the_stated_rule(qwen3_tokeniz
         assert ctx.text == full
         assert prompt_next == tok(full, add_special_tokens=False)["input_ids"]
         assert new_segment == f.rewrites_history(old, ctx.messages[len(old):], kwargs), ctx.last_step.reason
-        turns.append(Turn(tuple(prompt), tuple(generated), tuple(-0.5 for _ in generated), "a", "o", 0.0,
-                          new_segment=turns[-1].new_segment if False else False))
-        turns[-1] = Turn(tuple(prompt), tuple(generated), tuple(-0.5 for _ in generated), "a", "o", 0.0)
+        turns.append(Turn(tuple(prompt), tuple(generated), tuple(-0.5 for _ in generated), "a", "o", 0.0))
         prompt = prompt_next
     samples = trajectory_to_samples(Trajectory("t", 0, 0, tuple(turns), "task", 0.0, True, True, False), 1.0)
     masked = [t for s in samples for t, m in zip(s.input_ids, s.loss_mask) if m]
