@@ -1,6 +1,9 @@
 """Per-episode chat context: each turn's prompt ids, built token-in/token-out, exactly as inference would see them.
 
-Turn k's prompt is the model family's rendering of the history so far (`agentrl.templates`). Two paths:
+Turn k's prompt is the model family's official template rendering the history so far (`agentrl.templates`). Each
+reply is parsed once by the family's parser (`agentrl.parsers`) into a structured message (content, reasoning, tool
+calls), and that structured message is what the template renders in later turns; the engine's ids are kept as they
+are. Two paths:
 
 * The prefix holds (the common case): the ids the engine generated are kept verbatim and only the new text (the
   end of the assistant turn, the observation, the next generation prompt) is rendered and tokenized. For a known
@@ -12,6 +15,10 @@ Turn k's prompt is the model family's rendering of the history so far (`agentrl.
 
 Whether the prefix holds is always decided on text: the new rendering must start with the previous prompt followed by
 the decoded reply. Tokenizers without a known family (or an explicit ``chat_template``) take the full path every turn.
+
+Tool calling: an env whose reset ``info`` carries ``"tools"`` (JSON-schema declarations) gets them declared to the
+template, its observations sent as ``tool`` messages, and as actions the reply's function calls
+(`ChatContext.action_from_reply`: ``{"name": ..., "arguments": ...}`` JSON).
 
 Agent-loop aids: observations after the first may be sent as ``tool`` messages (Qwen3 then keeps reasoning across
 turns and the prefix holds), and ``recap_actions=k`` repeats the goal and the last k actions in each observation

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from agentrl.context import ChatContext, detect_family
 from agentrl.parsers import ToolCall
 from agentrl.records import Trajectory, Turn
+from agentrl.roundtrip import check_roundtrip
 from agentrl.samples import trajectory_to_samples
 from agentrl.templates import FAMILIES, fixed_clock, get_family
 
@@ -120,7 +121,7 @@ def test_episodes_match_the_official_rendering_and_the_stated_rule(qwen3_tokeniz
     system = data.draw(st.sampled_from(["", "Be brief."]))
     ctx = ChatContext(tok, system, kwargs, family=family, tools=tools, verify=True)
     prompt = ctx.first_prompt("Find the capital of France.")
-    turns = []
+    turns, drifted = [], False
     for k in range(data.draw(st.integers(1, 4))):
         reasoning, content, calls = _intent(family, kwargs, *data.draw(intent))
         role = data.draw(st.sampled_from(["user", "tool"]))
@@ -132,7 +133,11 @@ def test_episodes_match_the_official_rendering_and_the_stated_rule(qwen3_tokeniz
         prompt_next, new_segment = ctx.next_prompt(generated, f"result {k}", role=role)
         full = official(family, ctx.messages, tools=tools, add_generation_prompt=True, **kwargs)
         assert ctx.text == full
-        assert prompt_next == tok(full, add_special_tokens=False)["input_ids"]
+        assert tok.decode(prompt_next, skip_special_tokens=False) == full
+        # Token for token where the replies round-trip (a reply whose ids re-tokenize differently is kept verbatim).
+        drifted = (drifted and not new_segment) or bool(check_roundtrip(tok, prompt, generated).drift)
+        if new_segment or not drifted:
+            assert prompt_next == tok(full, add_special_tokens=False)["input_ids"]
         assert new_segment == f.rewrites_history(old, ctx.messages[len(old):], kwargs), ctx.last_step.reason
         turns.append(Turn(tuple(prompt), tuple(generated), tuple(-0.5 for _ in generated), "a", "o", 0.0))
         prompt = prompt_next
