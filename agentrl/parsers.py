@@ -1,4 +1,4 @@
-"""Assistant replies -> structured messages, one parser per chat-template family.
+r"""Assistant replies -> structured messages, one parser per chat-template family.
 
 A reply is parsed once, right after generation, into what the family's template acts on: the answer (``content``),
 the reasoning (``reasoning_content``, or ``thinking`` for gpt-oss) and the tool calls (``tool_calls``). The history a
@@ -9,7 +9,7 @@ Each parser also decides how much structure its template can take back. Where a 
 prefix holds exactly where the official template lets it hold. A reply whose tool-call syntax is malformed stays
 plain content: it is re-rendered verbatim and the env receives the text.
 
-Parsers take ``prefill`` (what the generation prompt already opened inside the assistant turn, e.g. ``<think>\\n``)
+Parsers take ``prefill`` (what the generation prompt already opened inside the assistant turn, e.g. ``<think>\n``)
 and ``reply`` (the generated text with the end-of-turn marker removed).
 """
 
@@ -138,8 +138,10 @@ def parse_qwen25(prefill: str, reply: str) -> ParsedReply:
 
 
 def parse_raw_qwen_syntax(prefill: str, reply: str) -> ParsedReply:
-    """SmolLM3: its template renders only the raw content, so the message keeps the raw text; the reasoning and the
-    tool calls are read for the env."""
+    """SmolLM3: the template renders only the raw content, so the message keeps the raw text.
+
+    The reasoning and the tool calls are still read, for the env.
+    """
     reasoning, rest = split_reasoning(reply)
     parsed = _qwen_calls(rest)
     content, calls = parsed if parsed else (rest, ())

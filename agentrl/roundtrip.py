@@ -166,7 +166,8 @@ class TemplateReport:
         out = [f"family: {self.family}"]
         if self.parity is not None:
             same, total = self.parity
-            out.append(f"byte parity with the official {self.family} template: {same}/{total} renderings")
+            out.append(f"byte parity, the tokenizer's own template vs the official {self.family} file: "
+                       f"{same}/{total} conversations")
         out += [
                f"prefix-preserving: {'yes' if self.prefix_preserving else 'no'} "
                f"({self.prefix_breaks} of {len(self.turns)} turns split)",
@@ -284,7 +285,7 @@ def check_conversations(tokenizer, conversations: Sequence[dict[str, Any]], *, f
                           observation_role=conv.get("observation_role", "user"), verify=True)
         family_name = ctx.family_name
         prompt = ctx.first_prompt(steps[0]["observation"])
-        end = ctx.family.end_of_turn if ctx.family else (tokenizer.eos_token or "")
+        end = ctx.family.end_of_turn[0] if ctx.family else (tokenizer.eos_token or "")
         for k, step in enumerate(steps):
             generated = tokenizer(step["reply"], add_special_tokens=False)["input_ids"]
             generated += tokenizer(end, add_special_tokens=False)["input_ids"]
@@ -376,8 +377,10 @@ def _template_parity(tokenizer, family, conversations: Sequence[list[dict[str, A
 
 def generated_episode(family, rng: random.Random, turns: int, tools: list[dict] | None,
                       chat_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-    """A random multi-turn tool-calling episode as the model of `family` would write it: one step per turn, each
-    ``{"reasoning", "content", "calls", "role"}`` (the role of the observation that follows)."""
+    """A random multi-turn tool-calling episode as the model of `family` would write it.
+
+    One step per turn, each ``{"reasoning", "content", "calls", "role"}`` (the role of the observation that follows).
+    """
     from agentrl.parsers import ToolCall
 
     words = ["look", "go north", "café", "x=1", "search the docs", "你好", "ok"]

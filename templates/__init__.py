@@ -1,4 +1,4 @@
-"""Chat-template families: the official templates, their reply parsers and their history-rewrite rules.
+r"""Chat-template families: the official templates, their reply parsers and their history-rewrite rules.
 
 Each family's template is the official file its models ship (byte for byte, see ``templates/README.md``), rendered the
 way Hugging Face's ``apply_chat_template`` renders it. Besides the template a family states what the rollout needs to
@@ -17,10 +17,10 @@ family                   history rewrite (k -> k+1), for replies as the model wr
 ``qwen3-2507-thinking``  not wrapped in ``<tool_response>``), and for a non-final turn only when non-empty. The
 ``qwen3-2507-instruct``  reply was seen with its ``<think>`` block, so a turn rewrites when the observation is a real
                          user query (every turn after that query loses its block) or when the reply's reasoning is
-                         empty (its empty ``<think>\\n\\n</think>\\n\\n`` is dropped, even before tool responses).
+                         empty (its empty ``<think>\n\n</think>\n\n`` is dropped, even before tool responses).
                          Reasoning and answers are trimmed of leading/trailing newlines by the template.
 ``smollm3``              none: the template renders the raw reply (``/think`` and ``/no_think`` alike).
-``deepseek-r1``          a reply after a user message rewrites (its ``<think>\\n`` prefill is never re-rendered and a
+``deepseek-r1``          a reply after a user message rewrites (its ``<think>\n`` prefill is never re-rendered and a
                          plain answer loses its reasoning) unless it is the conversation's first tool-call turn; a
                          plain reply after tool outputs holds (rendered raw, no generation prefix there).
 ``deepseek-r1-distill``  as R1, but every tool-call turn rewrites (the template drops content beside tool calls).
@@ -220,7 +220,7 @@ def _harmony_rewrites(old, new, template_vars) -> bool:
 
 @dataclass(frozen=True)
 class TemplateFamily:
-    """A chat-template family.
+    r"""A chat-template family.
 
     Attributes:
         name: registry name (``qwen3``, ``chatml``, ...).
@@ -232,7 +232,7 @@ class TemplateFamily:
         rewrites_history: ``(old, new, template_vars) -> bool``: True when the prompt after appending `new`
             (the parsed reply and the observation) does not extend what the model saw (the rule, as code).
         template_vars: variables Hugging Face passes from the tokenizer (``bos_token``) and the family's defaults.
-        prefills: texts a generation prompt can end with inside the assistant turn (``<think>\\n``), longest first.
+        prefills: texts a generation prompt can end with inside the assistant turn (``<think>\n``), longest first.
         tool_role_needs_call: the template renders a tool message only after a tool call (gpt-oss).
         max_tool_calls: calls one reply can make in this template (0: no tool-call syntax).
         stop_after_call: the stop token a reply with tool calls ends with, when it differs from `end_of_turn[0]`.
@@ -298,7 +298,7 @@ class TemplateFamily:
         return PARSERS[self.parser](prefill, reply)
 
     def prefill_of(self, prompt: str) -> str:
-        """The part of the assistant turn the generation prompt `prompt` already wrote (``<think>\\n``), or ""."""
+        r"""The part of the assistant turn the generation prompt `prompt` already wrote (``<think>\n``), or ""."""
         return next((p for p in self.prefills if prompt.endswith(p)), "")
 
     def strip_end(self, text: str) -> str:
@@ -356,8 +356,12 @@ def _read(filename: str) -> str:
 # ---- writers for templates that never render a final turn as the model writes it ---------------------------------
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # as the templates' tojson writes it
+
+
 def _ds_calls_r1(calls: Sequence[ToolCall]) -> str:
-    body = "\n".join(f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n{json.dumps(c.arguments, ensure_ascii=False)}\n```"
+    body = "\n".join(f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n{_json(c.arguments)}\n```"
                      "<｜tool▁call▁end｜>" for c in calls)
     return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>" if calls else ""
 
@@ -369,23 +373,26 @@ def _write_r1(family, history, reasoning, content, calls, template_vars) -> str:
 
 def _write_v31(family, history, reasoning, content, calls, template_vars) -> str:
     head = f"{reasoning}</think>" if template_vars.get("thinking") and _after_user(history) else ""
-    body = "".join(f"<｜tool▁call▁begin｜>{c.name}<｜tool▁sep｜>{json.dumps(c.arguments, ensure_ascii=False)}<｜tool▁call▁end｜>"
+    body = "".join(f"<｜tool▁call▁begin｜>{c.name}<｜tool▁sep｜>{_json(c.arguments)}<｜tool▁call▁end｜>"
                    for c in calls)
     section = f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>" if calls else ""
     return head + content + section + "<｜end▁of▁sentence｜>"
 
 
 def _write_kimi_thinking(family, history, reasoning, content, calls, template_vars) -> str:
-    body = "".join(f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>{json.dumps(c.arguments, ensure_ascii=False)}"
+    body = "".join(f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>{_json(c.arguments)}"
                    "<|tool_call_end|>" for i, c in enumerate(calls))
     section = f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>" if calls else ""
     return f"<think>{reasoning}</think>{content}{section}<|im_end|>"
 
 
+def _qwen_call_text(call: ToolCall) -> str:
+    return f"<tool_call>\n{_json({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
+
+
 def _write_qwen_answer(family, history, reasoning, content, calls, template_vars) -> str:
     # Qwen3-Instruct-2507 answers without a think block (its template would render an empty one for a final turn).
-    body = "\n".join(f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n</tool_call>"
-                     for c in calls)
+    body = "\n".join(_qwen_call_text(c) for c in calls)
     return content + ("\n" if content and calls else "") + body + "<|im_end|>"
 
 
@@ -395,7 +402,7 @@ def _write_harmony(family, history, reasoning, content, calls, template_vars) ->
     if calls:
         c = calls[0]
         parts.append(f" to=functions.{c.name}<|channel|>commentary json<|message|>"
-                     f"{json.dumps(c.arguments, ensure_ascii=False)}<|call|>")
+                     f"{_json(c.arguments)}<|call|>")
     else:
         parts.append(f"<|channel|>final<|message|>{content}<|return|>")
     return "<|start|>assistant".join(parts)
@@ -403,8 +410,7 @@ def _write_harmony(family, history, reasoning, content, calls, template_vars) ->
 
 def _write_smollm3(family, history, reasoning, content, calls, template_vars) -> str:
     think = f"<think>\n{reasoning}\n</think>\n" if reasoning and template_vars.get("enable_thinking", True) else ""
-    body = "".join(f"\n<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n</tool_call>"
-                   for c in calls)
+    body = "".join("\n" + _qwen_call_text(c) for c in calls)
     return think + content + body + "<|im_end|>"
 
 
