@@ -19,7 +19,8 @@ family                   history rewrite (k -> k+1), for replies as the model wr
                          user query (every turn after that query loses its block) or when the reply's reasoning is
                          empty (its empty ``<think>\n\n</think>\n\n`` is dropped, even before tool responses).
                          Reasoning and answers are trimmed of leading/trailing newlines by the template.
-``smollm3``              none: the template renders the raw reply (``/think`` and ``/no_think`` alike).
+``smollm3``              none, but for a reply that starts with a newline: the template renders the raw reply
+                         (``/think`` and ``/no_think`` alike) with leading newlines stripped.
 ``deepseek-r1``          a reply after a user message rewrites (its ``<think>\n`` prefill is never re-rendered and a
                          plain answer loses its reasoning) unless it is the conversation's first tool-call turn; a
                          plain reply after tool outputs holds (rendered raw, no generation prefix there).
@@ -209,6 +210,10 @@ def _r1_distill_rewrites(old, new, template_vars) -> bool:
 
 def _v31_rewrites(old, new, template_vars) -> bool:
     return bool(template_vars.get("thinking")) and _after_user(old)
+
+
+def _smollm3_rewrites(old, new, template_vars) -> bool:
+    return str(new[0].get("content") or "").startswith("\n")
 
 
 def _harmony_rewrites(old, new, template_vars) -> bool:
@@ -436,7 +441,7 @@ FAMILIES: dict[str, TemplateFamily] = {
                        "Qwen3-*-Instruct-2507 (derived from the Thinking-2507 file)", ("<|im_end|>",), False, "qwen3",
                        _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor),
         TemplateFamily("smollm3", "smollm3.jinja", "SmolLM3 (/think and /no_think)", ("<|im_end|>",), True,
-                       "smollm3", _never, prefills=("<think>\n\n</think>\n",)),
+                       "smollm3", _smollm3_rewrites, prefills=("<think>\n\n</think>\n",)),
         TemplateFamily("deepseek-r1", "deepseek-r1.jinja", "DeepSeek-R1 (<think> prefill, reasoning dropped)",
                        ("<｜end▁of▁sentence｜>",), True, "deepseek-r1", _r1_rewrites, _DS, prefills=("<think>\n",)),
         TemplateFamily("deepseek-r1-distill", "deepseek-r1-distill.jinja", "DeepSeek-R1-Distill-Qwen",

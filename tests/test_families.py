@@ -36,7 +36,7 @@ OFFICIAL_FILE = {
     "glm-4.6": "glm-4.6.jinja", "gpt-oss": "gpt-oss.jinja", "llama-3.1": "llama-3.1-instruct.jinja",
 }
 CLOCK = fixed_clock(datetime(2025, 3, 14))
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"]}}}]
 # Per family: the template variable settings a run may use.
@@ -109,12 +109,26 @@ def test_detection_picks_the_family_of_each_official_file(family):
     assert detect_family(Tok(), hint="chatml") == family
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_episodes_match_the_official_rendering_and_the_stated_rule(qwen3_tokenizer, family, data):
     """Play random tool-calling episodes through ChatContext: at every turn its prompt equals the official
-    re-render of the structured history (text and ids), and a new segment starts exactly where the rule says."""
+    re-render of the structured history (text and ids), and a new segment starts exactly where the rule says (the
+    k -> k+1 prefix rule: render(k turns) + the reply as written extends render(k+1 turns) iff the rule says so)."""
+    _check_episode(qwen3_tokenizer, family, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_many_episodes_match_the_official_rendering_and_the_stated_rule(qwen3_tokenizer, family, data):
+    """The same, on many more episodes."""
+    _check_episode(qwen3_tokenizer, family, data)
+
+
+def _check_episode(qwen3_tokenizer, family, data):
     f = get_family(family)
     tok = _tokenizer(qwen3_tokenizer, family)
     kwargs = {"strftime_now": CLOCK, **data.draw(st.sampled_from(VARIANTS.get(family, [{}])))}
@@ -180,7 +194,8 @@ def conversations(draw, family: str):
                 m["content"] = None
         messages.append(m)
         if n_calls and draw(st.booleans()):
-            messages += [{"role": "tool", "content": draw(raw_text), "tool_call_id": c["id"]} for c in calls]
+            messages += [{"role": "tool", "content": draw(raw_text), **({"tool_call_id": c["id"]} if draw(
+                st.booleans()) else {})} for c in calls]
         else:
             messages.append({"role": "user", "content": draw(raw_text)})
     if draw(st.booleans()):
@@ -194,6 +209,19 @@ def conversations(draw, family: str):
 def test_rendering_equals_the_official_template(family, data):
     """Our renderer (the shipped file in agentrl's Jinja environment) equals Hugging Face rendering the official file,
     with and without tools, thinking on/off, generation prompt on/off; where the official refuses, so do we."""
+    _check_rendering(family, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_many_renderings_equal_the_official_template(family, data):
+    """The same, on many more conversations."""
+    _check_rendering(family, data)
+
+
+def _check_rendering(family, data):
     messages = data.draw(conversations(family))
     kwargs = {"add_generation_prompt": data.draw(st.booleans()), "tools": data.draw(st.sampled_from([None, TOOLS])),
               **data.draw(st.sampled_from([{}, {"enable_thinking": False}, {"enable_thinking": True},
@@ -205,3 +233,65 @@ def test_rendering_equals_the_official_template(family, data):
             get_family(family).render(messages, strftime_now=CLOCK, **kwargs)
         return
     assert get_family(family).render(messages, strftime_now=CLOCK, **kwargs) == expected
+
+
+# ---- the defects issue 17 named, one by one ------------------------------------------------------------------------
+
+
+def _play(tok, family, replies, roles, chat_kwargs=None, tools=None):
+    """Feed written replies ``(reasoning, content, calls)`` through a verifying context; return it and the splits."""
+    f = get_family(family)
+    ctx = ChatContext(tok, "Be brief.", {"strftime_now": CLOCK, **(chat_kwargs or {})}, family=family, tools=tools,
+                      verify=True)
+    ctx.first_prompt("the task")
+    splits = []
+    for (reasoning, content, calls), role in zip(replies, roles):
+        text = f.write_reply(ctx.messages, reasoning, content, calls, tools=tools, **ctx.chat_kwargs)
+        splits.append(ctx.next_prompt(tok(text, add_special_tokens=False)["input_ids"], "obs", role=role)[1])
+    return ctx, splits
+
+
+def test_deepseek_r1_has_no_generation_prefix_after_tool_outputs_and_rewrites_after_users(qwen3_tokenizer):
+    tok = _tokenizer(qwen3_tokenizer, "deepseek-r1")
+    call = [ToolCall("search", {"q": "x"})]
+    ctx, splits = _play(tok, "deepseek-r1", [("look", "", call), ("", "Paris", []), ("why", "ok", [])],
+                        ["tool", "user", "user"], tools=TOOLS)
+    assert splits == [False, False, True]  # first call turn and the answer after outputs hold; after a user: rewrite
+    _, user_splits = _play(tok, "deepseek-r1", [("a", "1", []), ("b", "2", [])], ["user", "user"])
+    assert user_splits == [True, True]  # the <think>\n prefill is never re-rendered
+    ctx, _ = _play(tok, "deepseek-r1", [("look", "", call)], ["tool"], tools=TOOLS)
+    assert ctx.text.endswith("<｜tool▁outputs▁end｜>")  # no <｜Assistant｜> after tool outputs, as the official
+
+
+def test_qwen3_drops_an_empty_think_block_even_before_tool_responses(qwen3_tokenizer):
+    _, splits = _play(qwen3_tokenizer, "qwen3", [("plan", "a", []), ("", "b", []), ("plan", "c", [])],
+                      ["tool", "tool", "user"])
+    assert splits == [False, True, True]
+    assert get_family("qwen3").parse("<think>\n\nr\n\n</think>\n\n\nanswer").message == {
+        "role": "assistant", "content": "answer", "reasoning_content": "r"}  # trimmed as the template trims
+
+
+def test_qwen25_parses_arguments_to_dicts_so_the_reencoded_call_matches(qwen3_tokenizer):
+    call = [ToolCall("search", {"q": "café", "n": 1})]
+    ctx, splits = _play(qwen3_tokenizer, "qwen2.5", [("", "", call), ("", "done", [])], ["tool", "user"],
+                        tools=TOOLS)
+    assert splits == [False, False] and ctx.messages[2]["tool_calls"][0]["function"]["arguments"] == {"q": "café",
+                                                                                                       "n": 1}
+
+
+@pytest.mark.parametrize("family", ["kimi-k2-thinking", "gpt-oss", "glm-4.6"])
+def test_structured_history_keeps_reasoning_while_tools_are_called(qwen3_tokenizer, family):
+    tok = _tokenizer(qwen3_tokenizer, family)
+    call = [ToolCall("search", {"q": "x"})]
+    ctx, splits = _play(tok, family, [("plan", "", call), ("plan more", "", call)], ["tool", "tool"], tools=TOOLS)
+    assert splits == [False, False]
+    key = "thinking" if family == "gpt-oss" else "reasoning_content"
+    assert [m.get(key) for m in ctx.messages if m["role"] == "assistant"] == ["plan", "plan more"]
+    assert "<think></think><think>" not in ctx.text
+
+
+def test_kimi_instruct_declares_its_own_default_system_prompt(qwen3_tokenizer):
+    text = get_family("kimi-k2-instruct").render([{"role": "user", "content": "hi"}])
+    assert text.startswith("<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>")
+    assert get_family("kimi-k2-thinking").render([{"role": "user", "content": "hi"}]).startswith(
+        "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>")

@@ -95,7 +95,13 @@ def test_cli_check_template_reports_parity_rewrites_and_the_rule():
     assert "the tokenizer's own template vs the official qwen3 file: 6/6 conversations" in out.stdout
     assert "stated rewrite rule mispredicted: 0 turns" in out.stdout
     assert "split, at char" in out.stdout  # where history was rewritten, and why
-    r1 = subprocess.run([sys.executable, "-m", "agentrl.cli", "check-template", "--model", "tiny-qwen3",
-                         "--family", "deepseek-r1", "--thinking"], capture_output=True, text=True)
-    assert r1.returncode == 0, r1.stderr
-    assert "family: deepseek-r1" in r1.stdout and "mispredicted: 0 turns" in r1.stdout
+
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_check_template_per_family_finds_no_rule_misses(family):
+    from agentrl.roundtrip import template_report
+
+    report = template_report("tiny-qwen3", family=family, enable_thinking=True)
+    assert report.family == family and report.incremental_ok and report.rule_misses == 0
+    assert report.parity is not None
