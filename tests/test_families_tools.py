@@ -99,9 +99,9 @@ def test_cli_check_template_reports_parity_rewrites_and_the_rule():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_check_template_per_family_finds_no_rule_misses(family):
-    from agentrl.roundtrip import template_report
+def test_check_template_per_family_finds_no_rule_misses(qwen3_tokenizer, family):
+    from agentrl.roundtrip import check_family
 
-    report = template_report("tiny-qwen3", family=family, enable_thinking=True)
+    report = check_family(qwen3_tokenizer, family, chat_kwargs={"enable_thinking": True, "thinking": True})
     assert report.family == family and report.incremental_ok and report.rule_misses == 0
     assert report.parity is not None
