@@ -85,8 +85,8 @@ class RolloutConfig:
     max_new_tokens_by_turn: tuple[int, ...] = ()
     """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
     chat_family: str = ""
-    """Chat-template family to render with (qwen3, qwen2.5, chatml, deepseek-r1, kimi-k2); empty detects it from the
-    tokenizer, falling back to the tokenizer's own template."""
+    """Chat-template family to render with (`agentrl.templates.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...); empty
+    detects it from the tokenizer, falling back to the tokenizer's own template."""
     engine_batch_size: int = 32
     """Prompts per engine forward pass."""
     runners: int = 0
@@ -123,9 +123,9 @@ class RolloutConfig:
         _require(self.observation_role in OBSERVATION_ROLES, "rollout.observation_role", self.observation_role,
                  f"one of {', '.join(OBSERVATION_ROLES)}")
         if self.chat_family:
-            from agentrl.templates import FAMILIES
+            from agentrl.templates import ALIASES, FAMILIES
 
-            _require(self.chat_family in FAMILIES, "rollout.chat_family", self.chat_family,
+            _require(self.chat_family in {**FAMILIES, **ALIASES}, "rollout.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
 
 
