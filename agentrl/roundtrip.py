@@ -134,6 +134,7 @@ class TemplateReport:
         parity: (renderings equal, renderings compared) between the tokenizer's own template and the family's
             official one, on the checked conversations; None when not compared.
         rule_misses: turns where the family's stated rewrite rule predicted wrongly whether history was rewritten.
+        rule: the family's rewrite rule, in words.
     """
 
     family: str
@@ -141,6 +142,7 @@ class TemplateReport:
     incremental_ok: bool = True
     parity: tuple[int, int] | None = None
     rule_misses: int = 0
+    rule: str = ""
 
     @property
     def prefix_breaks(self) -> int:
@@ -163,7 +165,7 @@ class TemplateReport:
 
     def lines(self) -> list[str]:
         """A human-readable report."""
-        out = [f"family: {self.family}"]
+        out = [f"family: {self.family}"] + ([f"rewrite rule: {self.rule}"] if self.rule else [])
         if self.parity is not None:
             same, total = self.parity
             out.append(f"byte parity, the tokenizer's own template vs the official {self.family} file: "
@@ -448,7 +450,7 @@ def check_family(tokenizer, family_name: str, *, episodes: int = 6, turns: int =
     for messages, tools, kw in finals:
         s, t = _template_parity(tokenizer, family, [messages], tools, kw)
         same, total = same + s, total + t
-    return TemplateReport(family.name, tuple(reports), ok, (same, total) if total else None, misses)
+    return TemplateReport(family.name, tuple(reports), ok, (same, total) if total else None, misses, family.rule)
 
 
 def template_report(model: str, conversations_path: str | Path | None = None, *, family: str | None = None,

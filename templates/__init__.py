@@ -23,7 +23,8 @@ family                   history rewrite (k -> k+1), for replies as the model wr
                          (``/think`` and ``/no_think`` alike) with leading newlines stripped.
 ``deepseek-r1``          a reply after a user message rewrites (its ``<think>\n`` prefill is never re-rendered and a
                          plain answer loses its reasoning) unless it is the conversation's first tool-call turn; a
-                         plain reply after tool outputs holds (rendered raw, no generation prefix there).
+                         plain reply after tool outputs holds (rendered raw, no generation prefix there), a tool
+                         call there rewrites (history gives it an ``<｜Assistant｜>`` header the model never saw).
 ``deepseek-r1-distill``  as R1, but every tool-call turn rewrites (the template drops content beside tool calls).
 ``deepseek-v3.1``        thinking off: none. Thinking on: a reply after a user message rewrites (history renders
                          ``</think>`` where the model saw ``<think>``); replies after tool outputs hold.
@@ -242,6 +243,7 @@ class TemplateFamily:
         max_tool_calls: calls one reply can make in this template (0: no tool-call syntax).
         stop_after_call: the stop token a reply with tool calls ends with, when it differs from `end_of_turn[0]`.
         content_with_calls: the template renders an answer beside tool calls (gpt-oss, Llama and R1-Distill do not).
+        rule: the history-rewrite rule in one line (for reports; `rewrites_history` is the rule as code).
         anchor: ``old -> indices`` of the earlier messages that, rendered alone before new ones, give those new ones
             the rendering they get after the whole history; None re-renders the whole history each turn.
     """
@@ -259,6 +261,7 @@ class TemplateFamily:
     max_tool_calls: int = 8
     stop_after_call: str = ""
     content_with_calls: bool = True
+    rule: str = ""
     anchor: Callable[[Sequence[Message]], list[int]] | None = None
 
     @property
@@ -430,40 +433,61 @@ FAMILIES: dict[str, TemplateFamily] = {
     f.name: f
     for f in [
         TemplateFamily("chatml", "chatml.jinja", "SmolLM2-Instruct's ChatML", ("<|im_end|>",), False, "plain",
-                       _never, max_tool_calls=0, anchor=_first_and_tail),
+                       _never, max_tool_calls=0, anchor=_first_and_tail,
+                       rule="never rewrites"),
         TemplateFamily("qwen2.5", "qwen2.5.jinja", "Qwen2.5-Instruct (ChatML + tools)", ("<|im_end|>",), False,
-                       "qwen2.5", _never, anchor=_first_and_tail),
+                       "qwen2.5", _never, anchor=_first_and_tail,
+                       rule="never rewrites"),
         TemplateFamily("qwen3", "qwen3.jinja", "Qwen3 (hybrid thinking; enable_thinking)", ("<|im_end|>",), True,
-                       "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor),
+                       "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor,
+                       rule=("a user query drops the think blocks after the previous one; an empty think block is "
+                             "dropped once the turn is not the last")),
         TemplateFamily("qwen3-2507-thinking", "qwen3-2507-thinking.jinja", "Qwen3-*-Thinking-2507",
-                       ("<|im_end|>",), True, "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor),
+                       ("<|im_end|>",), True, "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor,
+                       rule=("a user query drops the think blocks after the previous one; an empty think block is "
+                             "dropped once the turn is not the last")),
         TemplateFamily("qwen3-2507-instruct", "qwen3-2507-instruct.jinja",
                        "Qwen3-*-Instruct-2507 (derived from the Thinking-2507 file)", ("<|im_end|>",), False, "qwen3",
-                       _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor),
+                       _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor,
+                       rule="answers without think blocks never rewrite; think blocks follow the Qwen3 rule"),
         TemplateFamily("smollm3", "smollm3.jinja", "SmolLM3 (/think and /no_think)", ("<|im_end|>",), True,
-                       "smollm3", _smollm3_rewrites, prefills=("<think>\n\n</think>\n",)),
+                       "smollm3", _smollm3_rewrites, prefills=("<think>\n\n</think>\n",),
+                       rule="never rewrites, but for a reply that starts with a newline (stripped)"),
         TemplateFamily("deepseek-r1", "deepseek-r1.jinja", "DeepSeek-R1 (<think> prefill, reasoning dropped)",
-                       ("<｜end▁of▁sentence｜>",), True, "deepseek-r1", _r1_rewrites, _DS, prefills=("<think>\n",)),
+                       ("<｜end▁of▁sentence｜>",), True, "deepseek-r1", _r1_rewrites, _DS, prefills=("<think>\n",),
+                       rule=("a reply after a user message rewrites (its <think> prefill is not re-rendered) unless it"
+                             " is the first tool-call turn; after tool outputs plain replies hold, calls rewrite")),
         TemplateFamily("deepseek-r1-distill", "deepseek-r1-distill.jinja", "DeepSeek-R1-Distill-Qwen",
                        ("<｜end▁of▁sentence｜>",), True, "deepseek-r1-distill", _r1_distill_rewrites, _DS,
-                       prefills=("<think>\n",), content_with_calls=False),
+                       prefills=("<think>\n",), content_with_calls=False,
+                       rule=("a reply after a user message and every tool-call turn rewrite; plain replies after tool "
+                             "outputs hold")),
         TemplateFamily("deepseek-v3.1", "deepseek-v3.1.jinja", "DeepSeek-V3.1 (hybrid thinking; thinking=True)",
                        ("<｜end▁of▁sentence｜>",), True, "deepseek-v3.1", _v31_rewrites, _DS,
-                       prefills=("</think>", "<think>")),
+                       prefills=("</think>", "<think>"),
+                       rule=("thinking on: a reply after a user message rewrites (<think> becomes </think>); otherwise"
+                             " never")),
         TemplateFamily("kimi-k2-instruct", "kimi-k2-instruct.jinja", "Kimi-K2-Instruct", ("<|im_end|>",), False,
-                       "kimi-k2-instruct", _never),
+                       "kimi-k2-instruct", _never,
+                       rule="never rewrites"),
         TemplateFamily("kimi-k2-thinking", "kimi-k2-thinking.jinja", "Kimi-K2-Thinking", ("<|im_end|>",), True,
-                       "kimi-k2-thinking", _kimi_rewrites),
+                       "kimi-k2-thinking", _kimi_rewrites,
+                       rule=("an answer without tool calls drops its reasoning and that of the tool-call turns since "
+                             "the previous answer")),
         TemplateFamily("glm-4.6", "glm-4.6.jinja", "GLM-4.6 (enable_thinking)",
                        ("<|user|>", "<|observation|>", "<|endoftext|>"), True, "glm", _glm_rewrites,
-                       prefills=("\n<think></think>",), stop_after_call="<|observation|>"),
+                       prefills=("\n<think></think>",), stop_after_call="<|observation|>",
+                       rule=("a user message drops the reasoning of the turns since the previous one; the stop token "
+                             "must match the next role")),
         TemplateFamily("gpt-oss", "gpt-oss.jinja", "gpt-oss (harmony)", ("<|return|>", "<|call|>"), True,
                        "harmony", _harmony_rewrites, tool_role_needs_call=True, max_tool_calls=1,
-                       content_with_calls=False),
+                       content_with_calls=False,
+                       rule="a final answer rewrites (<|return|> becomes <|end|>, analysis dropped); tool calls hold"),
         TemplateFamily("llama-3.1", "llama-3.1.jinja", "Llama-3.1-Instruct (JSON tool calls)",
                        ("<|eot_id|>", "<|eom_id|>"), False, "llama3", _never,
                        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, max_tool_calls=1,
-                       content_with_calls=False),
+                       content_with_calls=False,
+                       rule="never rewrites (answers are trimmed)"),
     ]
 }
 
