@@ -166,7 +166,6 @@ class ChatContext:
         self.chat_kwargs.setdefault("strftime_now", fixed_clock(datetime.now()))
         self.tools = tools
         self.observation_role = observation_role
-        self.function_calls = False
         self.recap_actions = recap_actions
         self.verify = verify
         if family is not None:
@@ -230,14 +229,15 @@ class ChatContext:
     def action_from_reply(self, generated_ids) -> str:
         """The action the env receives for `generated_ids`.
 
-        An env that asked for function calls (`first_prompt` with ``info["tools"]``) receives the reply's first
-        tool call as ``{"name": ..., "arguments": ...}`` JSON; otherwise, and for a reply without a call, the answer
-        (reasoning and special tokens removed).
+        A reply that makes a tool call gives its first call as ``{"name": ..., "arguments": ...}`` JSON (what an
+        env that asked for function calls, with ``info["tools"]`` at reset, parses); a reply without one gives its
+        answer, reasoning and template markup removed.
         """
-        parsed = self.parse_reply(generated_ids)
-        if self.function_calls and parsed.tool_calls:
-            return parsed.tool_calls[0].action()
-        return parsed.content.strip()
+        return self._action(self.parse_reply(generated_ids))
+
+    @staticmethod
+    def _action(parsed: ParsedReply) -> str:
+        return parsed.tool_calls[0].action() if parsed.tool_calls else parsed.content.strip()
 
     # ---- turns -------------------------------------------------------------------------------------------------
 
@@ -253,7 +253,6 @@ class ChatContext:
         if info and info.get("tools"):
             self.tools = list(info["tools"])
             self.observation_role = "tool"
-            self.function_calls = True
         self.goal = observation
         self.messages.append({"role": "user", "content": observation})
         text = self._render(self.messages)
@@ -278,8 +277,7 @@ class ChatContext:
         generated_ids = list(generated_ids)
         reply_text = self.tokenizer.decode(generated_ids, skip_special_tokens=False)
         parsed = self.parse_reply(generated_ids)
-        self.actions.append(parsed.tool_calls[0].action() if self.function_calls and parsed.tool_calls
-                            else parsed.content.strip())
+        self.actions.append(self._action(parsed))
         if self.recap_actions:
             observation += recap_text(self.goal, self.actions, self.recap_actions)
         if role == "tool" and self.family is not None and self.family.tool_role_needs_call and not parsed.tool_calls:
