@@ -139,7 +139,7 @@ def _check_episode(qwen3_tokenizer, family, data):
     system = data.draw(st.sampled_from(["", "Be brief."]))
     ctx = ChatContext(tok, system, kwargs, family=family, tools=tools, verify=True)
     prompt = ctx.first_prompt("Find the capital of France.")
-    turns, drifted, splits = [], False, 0
+    turns, drifted, splits = [], False, []
     for k in range(data.draw(st.integers(1, 4))):
         reasoning, content, calls = _intent(family, kwargs, *data.draw(intent))
         role = data.draw(st.sampled_from(["user", "tool"]))
@@ -157,12 +157,12 @@ def _check_episode(qwen3_tokenizer, family, data):
         if new_segment or not drifted:
             assert prompt_next == tok(full, add_special_tokens=False)["input_ids"]
         assert new_segment == f.rewrites_history(old, ctx.messages[len(old):], kwargs), ctx.last_step.reason
-        splits += new_segment
+        splits.append(new_segment)
         turns.append(Turn(tuple(prompt), tuple(generated), tuple(-0.5 for _ in generated), "a", "o", 0.0))
         prompt = prompt_next
     samples = trajectory_to_samples(Trajectory("t", 0, 0, tuple(turns), "task", 0.0, True, True, False), 1.0)
     # Merged while the token prefix holds, split exactly where the family rewrote; loss only on generated tokens.
-    assert len(samples) == 1 + splits
+    assert len(samples) == 1 + sum(splits[:-1])  # the last prompt starts no turn of this trajectory
     masked = [t for s in samples for t, m in zip(s.input_ids, s.loss_mask) if m]
     assert masked == [t for turn in turns for t in turn.generated_ids]
 
