@@ -120,11 +120,11 @@ def fixed_clock(when: datetime) -> Callable[[str], str]:
 
 def is_real_user_query(message: Message) -> bool:
     """Qwen3's notion of a user query: a user message that is not a wrapped ``<tool_response>``."""
+    if message.get("role") != "user":  # first: histories are scanned for this every turn
+        return False
     content = message.get("content")
-    if not isinstance(content, str):
-        return message.get("role") == "user"
-    wrapped = content.startswith("<tool_response>") and content.endswith("</tool_response>")
-    return message.get("role") == "user" and not wrapped
+    return not (isinstance(content, str) and content.startswith("<tool_response>")
+                and content.endswith("</tool_response>"))
 
 
 def _is_assistant(m: Message) -> bool:
@@ -139,19 +139,20 @@ def _reasoning(m: Message) -> str:
     return str(m.get("reasoning_content") or "")
 
 
-def _qwen3_shown(messages: Sequence[Message], i: int) -> bool:
-    """Whether Qwen3's template renders the think block of assistant message `i`."""
+def _qwen3_shown(messages: Sequence[Message]) -> list[bool]:
+    """Per message: whether Qwen3's template renders its think block (only assistant entries matter)."""
     last_query = next((j for j in range(len(messages) - 1, -1, -1) if is_real_user_query(messages[j])),
                       len(messages) - 1)
-    return i > last_query and (i == len(messages) - 1 or bool(_reasoning(messages[i]).strip("\n")))
+    return [i > last_query and (i == len(messages) - 1 or bool(_reasoning(m).strip("\n")))
+            for i, m in enumerate(messages)]
 
 
-def _shown_changes(shown: Callable[[Sequence[Message], int], bool], reply_shown: bool,
+def _shown_changes(shown: Callable[[Sequence[Message]], list[bool]], reply_shown: bool,
                    old: Sequence[Message], new: Sequence[Message]) -> bool:
     """True when some assistant turn of `old` or the reply renders its reasoning differently after `new`."""
     after = list(old) + list(new)
-    before = [shown(old, i) for i in range(len(old))] + [reply_shown]
-    return any(_is_assistant(after[i]) and before[i] != shown(after, i) for i in range(len(old) + 1))
+    before, now = [*shown(old), reply_shown], shown(after)
+    return any(_is_assistant(after[i]) and before[i] != now[i] for i in range(len(old) + 1))
 
 
 def _first_and_tail(old: Sequence[Message]) -> list[int]:
@@ -169,13 +170,17 @@ def _never(old: Sequence[Message], new: Sequence[Message], template_vars: Mappin
 
 
 def _qwen3_rewrites(old, new, template_vars) -> bool:
-    # The reply was seen with a think block exactly when it wrote one (or the prompt prefilled one).
-    return _shown_changes(_qwen3_shown, "reasoning_content" in new[0], old, new)
+    reply = new[0]
+    seen_block = "reasoning_content" in reply  # it wrote a think block (or the prompt prefilled one)
+    if any(is_real_user_query(m) for m in old) and not any(is_real_user_query(m) for m in new[1:]):
+        # The last query stays where it was: earlier turns render as before (O(1), the common tool-chain case).
+        return seen_block != bool(_reasoning(reply).strip("\n"))
+    return _shown_changes(_qwen3_shown, seen_block, old, new)
 
 
-def _glm_shown(messages: Sequence[Message], i: int) -> bool:
+def _glm_shown(messages: Sequence[Message]) -> list[bool]:
     last_user = max((j for j, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    return i > last_user and bool(_reasoning(messages[i]).strip())
+    return [i > last_user and bool(_reasoning(m).strip()) for i, m in enumerate(messages)]
 
 
 def _glm_rewrites(old, new, template_vars) -> bool:
@@ -184,9 +189,9 @@ def _glm_rewrites(old, new, template_vars) -> bool:
     return stop_mismatch or _shown_changes(_glm_shown, bool(_reasoning(reply).strip()), old, new)
 
 
-def _kimi_shown(messages: Sequence[Message], i: int) -> bool:
+def _kimi_shown(messages: Sequence[Message]) -> list[bool]:
     last_answer = max((j for j, m in enumerate(messages) if _is_assistant(m) and not _calls(m)), default=-1)
-    return i > last_answer and bool(_reasoning(messages[i]))
+    return [i > last_answer and bool(_reasoning(m)) for i, m in enumerate(messages)]
 
 
 def _kimi_rewrites(old, new, template_vars) -> bool:
