@@ -103,6 +103,10 @@ def run(
     config: Path | None = typer.Option(None, "--config", help="YAML config (see configs/)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
+    trainers: int | None = typer.Option(None, "--trainers", help="FSDP2 trainer workers on Ray (0 = in the driver)."),
+    gpus_per_trainer: float | None = typer.Option(None, "--gpus-per-trainer", help="GPUs per trainer (0 = CPU)."),
+    gpus_per_engine: float | None = typer.Option(None, "--gpus-per-engine", help="GPUs per Ray inference engine."),
+    colocate: bool | None = typer.Option(None, "--colocate/--split", help="Engines share the trainers' GPUs."),
 ) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
     from agentrl.config import ConfigError, apply_overrides, load_config
@@ -125,6 +129,8 @@ def run(
             "rollout.async_rollout": async_rollout, "rollout.max_staleness": max_staleness,
             "rollout.max_new_tokens": max_new_tokens, "rollout.max_turns": max_turns, "optim.lr": lr,
             "loss.name": loss, "seed": seed, "output": str(output) if output else None,
+            "trainer.workers": trainers, "trainer.gpus_per_worker": gpus_per_trainer,
+            "trainer.gpus_per_engine": gpus_per_engine, "trainer.colocate": colocate,
         }
         if env_arg:
             overrides["env.kwargs"] = {**(cfg.env.kwargs if env is None else {}), **_parse_kwargs(env_arg)}

@@ -54,6 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentrl.cluster import start_ray
 from agentrl.core import SharedResource, TextEnv
 
 __all__ = [
@@ -371,31 +372,6 @@ class EnvHost:
                                        functools.partial(self._slots.close, slot))
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
-    """Connect to Ray: join `address`, or start a quiet local instance. Returns True when this call started it.
-
-    The local instance has no dashboard, no usage-stats prompt and does not stream worker logs: env failures reach
-    the driver as `EnvFailure` records, not as log lines.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                                  configure_logging=True)
-    # glibc gives every stepping thread its own malloc arena; large numpy temporaries then stay as per-thread heap.
-    # Two arenas keep envs with big transient arrays from multiplying their memory by the thread count.
-    kwargs["runtime_env"] = {"env_vars": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2")}}
-    if address:
-        kwargs.pop("include_dashboard")
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
-    return True
-
-
 @dataclass(frozen=True)
 class _Call:
     id: int
@@ -443,7 +419,8 @@ class RayPool:
         self.batch_calls = batch_calls
         maker = maker.resolved()
         self._owns_ray = start_ray(address)
-        cluster_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        # CPUs not already held (by trainer workers, say): actors asking for more would wait forever.
+        cluster_cpus = max(1, int(ray.available_resources().get("CPU", 1)))
         n_actors = min(slots, actors if actors > 0 else cluster_cpus)
         slots_per_actor = math.ceil(slots / n_actors)
         threads = 1 if maker.single_thread else slots_per_actor

@@ -49,6 +49,8 @@ class LockedEngine:
     def __init__(self, engine: Any):
         self.engine = engine
         self._lock = threading.Lock()
+        self.busy_seconds = 0.0
+        """Seconds spent generating so far (the engine busy fraction of a step is its share of the step)."""
 
     @property
     def policy_version(self) -> int:
@@ -58,7 +60,11 @@ class LockedEngine:
     def generate(self, prompts, params: SamplingParams) -> list[Generation]:
         """`engine.generate` under the lock."""
         with self._lock:
-            return self.engine.generate(prompts, params)
+            start = time.perf_counter()
+            try:
+                return self.engine.generate(prompts, params)
+            finally:
+                self.busy_seconds += time.perf_counter() - start
 
     def sync_weights(self, model, policy_version: int) -> None:
         """`engine.sync_weights` under the lock (waits for the generation in progress)."""

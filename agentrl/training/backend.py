@@ -1,0 +1,170 @@
+"""The training backend: the one narrow interface between the training loop and whatever holds the weights.
+
+The loop (`agentrl.train`) never touches a module or an optimizer. It hands a backend micro-batches and gets back
+numbers: the pi_old log-probs and entropy of a micro-batch (no grad), the forward + backward of the policy loss of a
+micro-batch (gradients accumulate), one optimizer step (with gradient clipping; the norm comes back), the full named
+weights for the inference engines, and a sharded save / load. Two backends implement it:
+
+* `SingleProcessBackend` (`agentrl.training.single`): the model and AdamW in the driver process (``--trainers 0``).
+* `FSDPBackend` (`agentrl.training.fsdp`): FSDP2 over N Ray worker actors (``--trainers N``), data parallel over
+  micro-batches.
+
+Calls take lists of micro-batches so a distributed backend can send each worker its share in one message. The loss
+stays a pure function (`agentrl.objective.policy_loss`), carried here as a picklable `PolicyObjective` so it runs
+wherever the weights are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+__all__ = [
+    "ScoreRequest", "Scored", "UpdateRequest", "PolicyObjective", "LossResult", "TrainingBackend",
+    "TrainerFailure",
+]
+
+
+class TrainerFailure(RuntimeError):
+    """A trainer worker died or its collective broke; the message names the worker and the last good checkpoint."""
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One micro-batch for the pi_old pass.
+
+    Attributes:
+        batch: the right-padded micro-batch (`agentrl.train.MicroBatch`).
+        replay_routes: MoE experts to replay in the forward, `[n, S, L, K]` (R3); None routes live.
+        record_routes: return the experts the training router chose (R2 replays them in the updates).
+    """
+
+    batch: Any
+    replay_routes: torch.Tensor | None = None
+    record_routes: bool = False
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The pi_old pass of one micro-batch.
+
+    Attributes:
+        logp: log pi_old of every next token, `[n, T]` (0 before the first loss position).
+        entropy: the policy entropy at every position, `[n, T]`.
+        routes: the experts the training router chose, `[n, S, L, K]`, when `record_routes` was asked; else None.
+    """
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    routes: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class UpdateRequest:
+    """One micro-batch for the forward + backward of the policy loss.
+
+    Attributes:
+        batch: the right-padded micro-batch.
+        old_logp: log pi_old of its tokens, `[n, T]`.
+        replay_routes: MoE experts to replay in the forward and the backward (R2 / R3); None routes live.
+    """
+
+    batch: Any
+    old_logp: torch.Tensor
+    replay_routes: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """The loss of one mini-batch, applied micro-batch by micro-batch with the mini-batch's global denominators.
+
+    Attributes:
+        loss_fn: `policy_loss`-shaped: `(logp, old_logp, rollout_logp, advantages, mask, num_sequences=...,
+            num_tokens=...) -> (loss, metrics)`; picklable (a module-level function or a `functools.partial` of one)
+            so that trainer workers can run it.
+        num_sequences: sequences in the whole mini-batch (all micro-batches, all workers).
+        num_tokens: loss tokens in the whole mini-batch.
+    """
+
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+    num_sequences: int
+    num_tokens: int
+
+    def __call__(self, logp: torch.Tensor, request: UpdateRequest) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss and metrics of one micro-batch, given its live log-probs `[n, T]`."""
+        mb = request.batch
+        return self.loss_fn(logp, request.old_logp, mb.rollout_logp, mb.advantages, mb.loss_mask,
+                            num_sequences=self.num_sequences, num_tokens=self.num_tokens)
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """What the backward of one micro-batch reports.
+
+    Attributes:
+        metrics: the loss's diagnostics (`policy_loss` metrics).
+        loss_tokens: loss tokens in the micro-batch (the weight of its metrics in the step's means).
+        finite: False when the loss was NaN or infinite (the optimizer step must not run).
+        logp: the live log-probs `[n, T]`, only when the loss was not finite (to save the bad batch).
+    """
+
+    metrics: dict[str, float]
+    loss_tokens: float
+    finite: bool = True
+    logp: torch.Tensor | None = None
+
+
+class TrainingBackend(Protocol):
+    """Holds the policy weights and the optimizer; does the passes the loop asks for.
+
+    Attributes:
+        name: ``single`` or ``fsdp`` (the optimizer-state layout its checkpoints hold).
+        world_size: trainer processes (1 for the single-process backend).
+        trains_in_place: the driver's own module is the one being trained (an engine sampling from it sees every
+            update at once); otherwise the engines need `named_weights` after every update.
+        is_moe: the model has MoE routers (Routing Replay applies).
+    """
+
+    name: str
+    world_size: int
+    trains_in_place: bool
+    is_moe: bool
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        """pi_old log-probs and entropy of each micro-batch, without gradients, in the order given."""
+        ...
+
+    def accumulate(self, requests: Sequence[UpdateRequest], objective: PolicyObjective) -> list[LossResult]:
+        """Forward + backward of `objective` for each micro-batch; gradients add up until `step`."""
+        ...
+
+    def step(self, grad_clip: float) -> float:
+        """Clip the gradient to `grad_clip` (0 = off), take one optimizer step, zero the gradients.
+
+        Returns the gradient norm before clipping (NaN when clipping is off).
+        """
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full (unsharded) weights, as `(name, tensor)` pairs with Hugging Face names, on the CPU."""
+        ...
+
+    def save(self, folder: Path) -> None:
+        """Write the trainer state into `folder`.
+
+        That is an HF-format model any tool can load, plus the (sharded) model and optimizer state needed to resume
+        exactly.
+        """
+        ...
+
+    def load(self, folder: Path, *, weights_only: bool = False) -> None:
+        """Restore what `save` wrote (only the weights when `weights_only`, e.g. a collapse-guard rollback)."""
+        ...
+
+    def close(self) -> None:
+        """Release the workers and their memory (idempotent)."""
+        ...

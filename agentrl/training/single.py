@@ -1,0 +1,168 @@
+"""The single-process training backend: the model and AdamW live in the driver (``--trainers 0``, the default).
+
+This is the behaviour agentrl always had on one CPU machine. The FSDP workers (`agentrl.training.fsdp`) reuse its
+passes (`MicroBatchPasses`) on their shard of the model, so both backends compute the same losses the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from agentrl.training.backend import LossResult, PolicyObjective, Scored, ScoreRequest, UpdateRequest
+from agentrl.training.logprobs import token_logprobs
+
+__all__ = ["MicroBatchPasses", "SingleProcessBackend", "OPTIMIZER_FILE", "build_optimizer", "moe_router"]
+
+OPTIMIZER_FILE = "optimizer.pt"
+"""The single-process backend's optimizer state inside a checkpoint folder."""
+
+
+def moe_router(model: torch.nn.Module):
+    """A `RoutingReplay` over the model's MoE routers, or None for a dense model."""
+    from agentrl.routing_replay import RoutingReplay
+
+    try:
+        return RoutingReplay(model)
+    except ValueError:
+        return None
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float],
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (plain or FSDP-sharded alike)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+class MicroBatchPasses:
+    """The two passes over one micro-batch that every backend runs on its (possibly sharded) model.
+
+    Args:
+        model: the causal LM (in train mode).
+        router: its `RoutingReplay`, or None for a dense model.
+        logprobs: `token_logprobs`-shaped `(model, mb, with_entropy=...) -> (logp, entropy)`.
+    """
+
+    def __init__(self, model: torch.nn.Module, router=None, logprobs: Callable = token_logprobs):
+        self.model = model
+        self.router = router
+        self.logprobs = logprobs
+
+    def _routing(self, routes: torch.Tensor | None):
+        return nullcontext() if routes is None else self.router.replay(routes)
+
+    @torch.no_grad()
+    def score(self, request: ScoreRequest) -> Scored:
+        """pi_old log-probs and entropy of one micro-batch (replaying or recording its experts when asked)."""
+        if request.record_routes:
+            with self.router.record() as recording:
+                logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
+            return Scored(logp, entropy, recording.routes)
+        with self._routing(request.replay_routes):
+            logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
+        return Scored(logp, entropy)
+
+    def accumulate(self, request: UpdateRequest, objective: PolicyObjective, *, scale: float = 1.0) -> LossResult:
+        """Forward + backward of the policy loss of one micro-batch; `scale` multiplies the loss before backward."""
+        mb = request.batch
+        # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
+        with self._routing(request.replay_routes):
+            logp, _ = self.logprobs(self.model, mb)
+            loss, metrics = objective(logp, request)
+            # A non-finite loss still runs its backward: distributed workers must all join the same collectives,
+            # and the loop refuses the optimizer step afterwards.
+            (loss * scale).backward()
+        finite = bool(torch.isfinite(loss))
+        return LossResult(metrics, float(mb.loss_mask.sum()), finite, None if finite else logp.detach())
+
+    def idle_backward(self, request: UpdateRequest) -> None:
+        """A forward + backward that adds nothing to the gradient.
+
+        A worker with fewer micro-batches than its peers still has to join every collective of FSDP.
+        """
+        with self._routing(request.replay_routes):
+            logp, _ = self.logprobs(self.model, request.batch)
+            (logp.sum() * 0.0).backward()
+
+
+class SingleProcessBackend:
+    """Model + AdamW in this process.
+
+    Args:
+        policy: the loaded model (`agentrl.models.LoadedModel`); its module trains in place, so an engine that
+            samples from the same module sees every update at once.
+        lr, betas, weight_decay: AdamW settings.
+        gradient_checkpointing: recompute activations in the backward (less memory, about 30% more compute).
+    """
+
+    name = "single"
+    world_size = 1
+    trains_in_place = True
+
+    def __init__(self, policy, *, lr: float, betas: tuple[float, float], weight_decay: float,
+                 gradient_checkpointing: bool = False):
+        self.policy = policy
+        self.model = policy.model
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        self.router = moe_router(self.model)
+        self.passes = MicroBatchPasses(self.model, self.router)
+        self.optimizer = build_optimizer(self.model, lr, betas, weight_decay)
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the model has MoE routers (Routing Replay applies)."""
+        return self.router is not None
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        """See `TrainingBackend.score`."""
+        return [self.passes.score(r) for r in requests]
+
+    def accumulate(self, requests: Sequence[UpdateRequest], objective: PolicyObjective) -> list[LossResult]:
+        """See `TrainingBackend.accumulate`."""
+        return [self.passes.accumulate(r, objective) for r in requests]
+
+    def step(self, grad_clip: float) -> float:
+        """See `TrainingBackend.step`."""
+        norm = float("nan")
+        if grad_clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """See `TrainingBackend.named_weights` (the live tensors: no copy)."""
+        yield from self.model.state_dict().items()
+
+    def save(self, folder: Path) -> None:
+        """The HF-format model (`model.safetensors`, config) and `optimizer.pt`."""
+        self.model.save_pretrained(folder)
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+    def load(self, folder: Path, *, weights_only: bool = False) -> None:
+        """Weights from the HF-format model in `folder`, and the optimizer state unless `weights_only`."""
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        index = folder / "model.safetensors.index.json"
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else [
+            "model.safetensors"]
+        for name in files:
+            state |= load_file(folder / name)
+        # Tied weights are saved once: strict=False keeps the tie, and the missing names must all be tied ones.
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {k for k in missing if k.endswith("lm_head.weight")}
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"checkpoint {folder} does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}")
+        if not weights_only:
+            self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE))
+
+    def close(self) -> None:
+        """Nothing to release: the model lives as long as the driver."""
