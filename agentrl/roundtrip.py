@@ -12,8 +12,11 @@ Drift kinds:
         model emitted ``"\n"`` twice where the tokenizer writes one ``"\n\n"``).
     ``merge``: the same text, segmented into different tokens (a non-canonical BPE merge).
 
-`check_conversations` drives a `ChatContext` over whole conversations and reports, per turn, whether the prefix held
-and the drift: the engine behind ``agentrl check-template``.
+`check_conversations` drives a `ChatContext` over given conversations (or a run's saved trajectories) and reports, per
+turn, whether the prefix held and the drift. `check_family` plays generated multi-turn tool-calling episodes of one
+family, each reply written as that family's model writes it, and adds the byte parity of the tokenizer's own template
+with the family's official file and how often the family's stated rewrite rule mispredicted a split. Both are the
+engine behind ``agentrl check-template`` (generated episodes unless ``--conversations`` is given).
 """
 
 from __future__ import annotations
