@@ -241,7 +241,7 @@ def check_template(
     conversations: Path | None = typer.Option(None, "--conversations",
                                               help="JSON/JSONL conversations or a run's trajectories.jsonl."),
     family: str | None = typer.Option(None, "--family", help="Force a template family instead of detecting it."),
-    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Thinking switch."),
+    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Template thinking switch."),
 ) -> None:
     """Check a chat template: parity with the official file, which turns rewrite history and why, token drift."""
     from agentrl.models import UnknownModelError
