@@ -294,7 +294,7 @@ def check_template(
     family: str | None = typer.Option(None, "--family", help="Force a template family instead of detecting it."),
     thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Template thinking switch."),
 ) -> None:
-    """Check a chat template: is it prefix-preserving across turns, which turns split and why, token drift."""
+    """Check a chat template: parity with the official file, which turns rewrite history and why, token drift."""
     from agentrl.models import UnknownModelError
     from agentrl.roundtrip import template_report
     from agentrl.templates import UnknownFamilyError

@@ -126,8 +126,8 @@ class ContextConfig:
     recap_actions: int = 0
     """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
     chat_family: str = ""
-    """Chat-template family to render with (qwen3, qwen2.5, chatml, deepseek-r1, kimi-k2); empty detects it from the
-    tokenizer, falling back to the tokenizer's own template."""
+    """Chat-template family to render with (`agentrl.templates.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...); empty
+    detects it from the tokenizer, falling back to the tokenizer's own template."""
     max_new_tokens_by_turn: tuple[int, ...] = ()
     """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
     enable_thinking: bool | None = None
@@ -142,9 +142,9 @@ class ContextConfig:
         _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
                  "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         if self.chat_family:
-            from agentrl.templates import FAMILIES
+            from agentrl.templates import ALIASES, FAMILIES
 
-            _require(self.chat_family in FAMILIES, "context.chat_family", self.chat_family,
+            _require(self.chat_family in {**FAMILIES, **ALIASES}, "context.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
 
     def chat_kwargs(self) -> dict[str, Any]:

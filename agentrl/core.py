@@ -70,6 +70,9 @@ class TextEnv(gym.Env[str, str]):
             - `"admissible_actions"` (list[str]): the actions valid now, where the env can enumerate them.
             - `"image"` (PIL.Image.Image): a rendering of the state, for multimodal agents.
             - `"task_type"` (str): a category for evaluation breakdowns (math level, ALFWorld task type).
+            - `"tools"` (list[dict], at reset): JSON-schema tool declarations. The env then receives each reply's
+              function call as ``{"name": ..., "arguments": ...}`` JSON and its observations are sent as tool
+              results (`agentrl.context.ChatContext.first_prompt`).
         * `expert_action() -> str`: a gold next action from the current state. Playing it repeatedly from
           `reset` solves the task, so tasks and rewards can be checked without a model.
         * `system_prompt`: what an LLM agent is told about the task format and the action syntax.
