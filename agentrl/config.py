@@ -77,9 +77,10 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     enable_thinking: bool | None = None
     """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
-    observation_role: str = "user"
-    """Role of observations after the first: ``user``, or ``tool`` (Qwen3 then keeps reasoning across turns, so the
-    token prefix holds and turns merge into one sample)."""
+    observation_role: str = "auto"
+    """Role of observations after the first: ``user``, ``tool`` (Qwen3 then keeps reasoning across turns, so the
+    token prefix holds and turns merge into one sample), or ``auto``: the env's hint (`rollout_defaults`) where the
+    model's template needs it to keep the prefix, else ``user`` (see `agentrl.rollout_layout`)."""
     recap_actions: int = 0
     """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
     max_new_tokens_by_turn: tuple[int, ...] = ()
@@ -120,8 +121,8 @@ class RolloutConfig:
                  "rollout.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         from agentrl.context import OBSERVATION_ROLES
 
-        _require(self.observation_role in OBSERVATION_ROLES, "rollout.observation_role", self.observation_role,
-                 f"one of {', '.join(OBSERVATION_ROLES)}")
+        _require(self.observation_role in (*OBSERVATION_ROLES, "auto"), "rollout.observation_role",
+                 self.observation_role, f"one of {', '.join(OBSERVATION_ROLES)}, or auto (the env's hint)")
         if self.chat_family:
             from agentrl.templates import FAMILIES
 

@@ -34,6 +34,7 @@ from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
 from agentrl.records import Sample, save_trajectories
+from agentrl.rollout_layout import resolve_observation_role
 from agentrl.routing_replay import RoutingReplay, pack_routes, router_agreement
 from agentrl.samples import trajectory_to_samples
 from agentrl.scheduler import RolloutScheduler, staleness_metrics
@@ -251,9 +252,13 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
     chat_kwargs = {} if cfg.rollout.enable_thinking is None else {"enable_thinking": cfg.rollout.enable_thinking}
+    # The cheapest context layout that stays correct: one training sample per episode wherever the template allows.
+    observation_role, why = resolve_observation_role(cfg.rollout.observation_role, spec.load(), tokenizer, chat_kwargs,
+                                                     family=cfg.rollout.chat_family or None, family_hint=policy.family)
     # The settings this run trains with, beside the model's official ones: `agentrl eval` shows both.
     (out / "sampling.json").write_text(json.dumps(
-        sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
+        sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config,
+                             "observation_role": observation_role, "observation_role_reason": why},
         default=list))
     pad_id = engine.pad_id
     shuffle = torch.Generator().manual_seed(cfg.seed)
@@ -281,7 +286,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         rollout_kwargs=dict(
             max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
             context_options={"family": R.chat_family or None, "family_hint": policy.family,
-                             "observation_role": R.observation_role, "recap_actions": R.recap_actions},
+                             "observation_role": observation_role, "recap_actions": R.recap_actions},
             max_new_tokens_by_turn=R.max_new_tokens_by_turn,
         ),
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
