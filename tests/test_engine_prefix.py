@@ -164,3 +164,20 @@ def test_prefill_groups_bound_padding():
     # [1,1] pad to 2 <= 1.25 x 2; adding 2 would pad to 6 > 5; [10,10] fits; 40 alone.
     assert _similar_length_groups([1, 1, 2, 10, 10, 40]) == [(0, 2), (2, 3), (3, 5), (5, 6)]
     assert _similar_length_groups([7]) == [(0, 1)]
+
+
+def test_rollout_with_reuse_plays_the_same_episodes_and_frees_the_cache(tiny_qwen3):
+    from agentrl.pool import EnvMaker, LocalPool
+    from agentrl.rollout import run_rollout
+    from agentrl.scheduler import LockedEngine
+
+    runs = []
+    for budget in (0, 2**26):
+        engine = HFEngine(tiny_qwen3.model, tiny_qwen3.tokenizer, prefix_cache_bytes=budget)
+        pool = LocalPool(EnvMaker("math", {"level": 1, "mode": "multi", "max_turns": 3}), slots=4)
+        result = run_rollout(pool, "math", [0, 1], 2, LockedEngine(engine), tiny_qwen3.tokenizer,
+                             SamplingParams(top_k=20, max_new_tokens=8, seed=0), max_turns=3)
+        runs.append([[(t.prompt_ids, t.generated_ids) for t in traj.turns] for traj in result.trajectories])
+    assert runs[0] == runs[1] and max(len(turns) for turns in runs[1]) == 3
+    assert engine.reused_tokens > 0
+    assert len(engine.prefix_cache) == 0  # the rollout's episodes are over: nothing kept into the training step
