@@ -142,8 +142,17 @@ class LossConfig:
     """Advantage estimator: group_mean (MiniRL), grpo, loo, ..."""
     n_minibatches: int = 1
     """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
-    micro_batch_size: int = 8
-    """Sequences per forward/backward pass (memory knob only: the gradient does not depend on it)."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per forward/backward pass (sequences x longest): the memory knob. Samples are packed longest
+    first; one longer than the budget gets a pass of its own. The gradient does not depend on it."""
+    micro_batch_size: int = 0
+    """Optional cap on sequences per forward/backward pass (0 = only the token budget counts)."""
+    gradient_checkpointing: str = "auto"
+    """Recompute each block's activations in the backward: ``on``, ``off``, or ``auto`` (on when the step's
+    estimated peak memory would not fit otherwise; see `agentrl.training.memory`)."""
+    memory_limit_gb: float = 0.0
+    """Memory the training step may use; 0 = the memory available when the run starts. A config whose estimated
+    peak exceeds it fails before the first rollout, naming the setting to change."""
     routing_replay: str = "none"
     """MoE Routing Replay: ``none``, ``r2`` (replay the training router's pi_old choices in the updates) or ``r3``
     (replay the experts the inference engine chose at rollout, in the pi_old pass and the updates)."""
@@ -159,7 +168,11 @@ class LossConfig:
             raise ConfigError(f"loss: {e}") from None
         _require(self.advantage in ADVANTAGES, "loss.advantage", self.advantage, f"one of {', '.join(ADVANTAGES)}")
         _require(self.n_minibatches >= 1, "loss.n_minibatches", self.n_minibatches, ">= 1")
-        _require(self.micro_batch_size >= 1, "loss.micro_batch_size", self.micro_batch_size, ">= 1")
+        _require(self.micro_batch_tokens >= 1, "loss.micro_batch_tokens", self.micro_batch_tokens, ">= 1")
+        _require(self.micro_batch_size >= 0, "loss.micro_batch_size", self.micro_batch_size, ">= 0 (0 = no cap)")
+        _require(self.gradient_checkpointing in ("on", "off", "auto"), "loss.gradient_checkpointing",
+                 self.gradient_checkpointing, "on, off or auto")
+        _require(self.memory_limit_gb >= 0, "loss.memory_limit_gb", self.memory_limit_gb, ">= 0 (0 = available)")
         _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
                  f"one of {', '.join(ROUTING_REPLAY_MODES)}")
 

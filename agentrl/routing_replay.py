@@ -228,8 +228,13 @@ class RoutingReplay:
 
     @contextmanager
     def _hooks(self, on_model_call, make_gate_hook) -> Iterator[None]:
-        """Install the model pre-hook (one per forward call) and one hook per router; remove them on exit."""
-        self._handles.append(self.model.register_forward_pre_hook(on_model_call, with_kwargs=True))
+        """Install the model pre-hook (one per forward call) and one hook per router; remove them on exit.
+
+        The pre-hook sits on the backbone (``get_decoder()``), which every forward goes through: the full model's, and
+        the trainer's, which runs the backbone alone and projects onto the vocabulary itself.
+        """
+        backbone = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        self._handles.append(backbone.register_forward_pre_hook(on_model_call, with_kwargs=True))
         self._handles += [g.register_forward_hook(make_gate_hook(i)) for i, g in enumerate(self.gates)]
         try:
             yield

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,67 +32,23 @@ import agentrl
 from agentrl.config import ConfigError, RunConfig, config_to_dict
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
-from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
+from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss
 from agentrl.records import Sample, save_trajectories
 from agentrl.rollout_layout import resolve_observation_role
 from agentrl.routing_replay import RoutingReplay, pack_routes, router_agreement
 from agentrl.samples import trajectory_to_samples
 from agentrl.scheduler import RolloutScheduler, staleness_metrics
+from agentrl.training.logprobs import token_logprobs
+from agentrl.training.memory import plan_training_memory
+from agentrl.training.microbatch import MicroBatch, collate, pack_by_tokens, padding_waste
 
-__all__ = ["train", "TrainingError", "sequence_logprobs"]
+__all__ = ["train", "TrainingError"]
 
 CHECKPOINT = "checkpoint"
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, collapse guard tripped); the message says why and where."""
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Right-padded tensors of a few samples. Token axis T = longest sequence - 1 (position t predicts token t+1)."""
-
-    input_ids: torch.Tensor  # [n, T+1]
-    attention_mask: torch.Tensor  # [n, T+1]
-    loss_mask: torch.Tensor  # [n, T]
-    rollout_logp: torch.Tensor  # [n, T]
-    advantages: torch.Tensor  # [n]
-
-
-def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    """Pad samples on the right into one micro-batch."""
-    width = max(len(s.input_ids) for s in samples)
-    n = len(samples)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.float32)
-    rlp = torch.zeros((n, width), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        L = len(s.input_ids)
-        ids[i, :L] = torch.tensor(s.input_ids)
-        attn[i, :L] = 1
-        mask[i, :L] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        rlp[i, :L] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return MicroBatch(ids, attn, mask[:, 1:], rlp[:, 1:], adv)
-
-
-def sequence_logprobs(model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False):
-    """Log pi(token_{t+1} | tokens_<=t) for every position `[n, T]` (and the entropy `[n, T]` when asked).
-
-    Positions before the batch's first loss token get 0: their logits are never computed (`logits_to_keep`), which
-    skips the vocabulary projection over the prompts, the largest tensor of the pass for big vocabularies.
-    """
-    n, T = mb.loss_mask.shape
-    has_loss = mb.loss_mask.any(dim=0)  # [T]
-    t0 = int(has_loss.float().argmax()) if bool(has_loss.any()) else T - 1  # first position that carries loss
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=T + 1 - t0)
-    logits = out.logits[:, :-1].float()  # [n, T - t0, V]: positions t0 .. T-1
-    targets = mb.input_ids[:, t0 + 1 :]  # [n, T - t0]
-    tail = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [n, T - t0]
-    logp = torch.nn.functional.pad(tail, (t0, 0))  # [n, T]
-    entropy = torch.nn.functional.pad(token_entropy(logits.detach()), (t0, 0)) if with_entropy else None
-    return logp, entropy
 
 
 def _moe_router(model: torch.nn.Module):
@@ -109,10 +65,6 @@ def _rollout_routes(chunk: list[Sample], mb: MicroBatch) -> torch.Tensor:
     if missing:
         raise TrainingError("R3 routing replay needs rollout routes, but the engine returned none for some samples")
     return pack_routes([torch.as_tensor(s.routed_experts) for s in chunk], [0] * len(chunk), mb.input_ids.shape[1])
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _weighted_mean(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
@@ -244,6 +196,16 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     model.train()
     # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
     engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size, capture_routes=router is not None)
+    # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any rollout is spent on it.
+    memory = plan_training_memory(
+        model, dtype_bytes=torch.finfo(dtype).bits // 8, token_budget=cfg.loss.micro_batch_tokens,
+        longest_sample=cfg.rollout.max_context_tokens + cfg.rollout.max_new_tokens,
+        checkpointing=cfg.loss.gradient_checkpointing, engine_copy=engine.model is not model,
+        limit_bytes=int(cfg.loss.memory_limit_gb * 2**30))
+    if memory.gradient_checkpointing:
+        # Non-reentrant checkpointing recomputes inside the same autograd graph, so Routing Replay's hooks (the
+        # backward runs inside the replay context) replay the same experts in the recompute.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
     if resume:
@@ -318,31 +280,34 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         for traj, adv in zip(trajectories, advantages.tolist()):
             samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
         sample_groups = torch.tensor([s.group_id for s in samples])
+        lengths = [len(s.input_ids) for s in samples]
 
         # 4. pi_old: the training model's log-probs of the sampled tokens, and the entropy, before any update.
         #    MoE: R3 replays the rollout's experts here too (pi_old(.|e_mu)); otherwise the training router's own
         #    choices are recorded, for R2 to replay in the updates and to measure agreement with the rollout's.
-        old_logp: list[torch.Tensor] = []
-        train_routes: list[torch.Tensor | None] = []
+        old_logp: dict[int, torch.Tensor] = {}
+        train_routes: dict[int, torch.Tensor] = {}
         entropy_sum, entropy_tokens, agree_sum, agree_n = 0.0, 0.0, 0.0, 0
+        old_batches = pack_by_tokens(lengths, range(len(samples)), L.micro_batch_tokens, L.micro_batch_size)
         with torch.no_grad():
-            for chunk in _chunks(samples, L.micro_batch_size):
+            for chunk_idx in old_batches:
+                chunk = [samples[i] for i in chunk_idx]
                 mb = collate(chunk, pad_id)
                 if router is None:
-                    logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                    logp, ent = token_logprobs(model, mb, with_entropy=True)
                 elif L.routing_replay == "r3":
                     with router.replay(_rollout_routes(chunk, mb)):
-                        logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                        logp, ent = token_logprobs(model, mb, with_entropy=True)
                 else:
                     with router.record() as recording:
-                        logp, ent = sequence_logprobs(model, mb, with_entropy=True)
+                        logp, ent = token_logprobs(model, mb, with_entropy=True)
                     routes = recording.routes  # [n, S, L, K]
-                    train_routes += [routes[i, : len(s.input_ids) - 1] for i, s in enumerate(chunk)]
+                    train_routes |= {i: routes[row, : lengths[i] - 1] for row, i in enumerate(chunk_idx)}
                     if all(s.routed_experts is not None for s in chunk):
                         engine_routes = _rollout_routes(chunk, mb)  # [n, S, L, K], -1 on padding
                         agree_sum += router_agreement(engine_routes, routes.to(engine_routes.dtype)) * len(chunk)
                         agree_n += len(chunk)
-                old_logp += [row for row in logp]
+                old_logp |= {i: logp[row, : lengths[i] - 1] for row, i in enumerate(chunk_idx)}
                 entropy_sum += float((ent * mb.loss_mask).sum())
                 entropy_tokens += float(mb.loss_mask.sum())
 
@@ -353,7 +318,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             members = mb_index.tolist()
             num_tokens = sum(samples[i].num_loss_tokens for i in members)
             optimizer.zero_grad(set_to_none=True)
-            for chunk_idx in _chunks(members, L.micro_batch_size):
+            for chunk_idx in pack_by_tokens(lengths, members, L.micro_batch_tokens, L.micro_batch_size):
                 mb = collate([samples[i] for i in chunk_idx], pad_id)
                 width = mb.loss_mask.shape[1]
                 mb_old = torch.stack([torch.nn.functional.pad(old_logp[i], (0, width - len(old_logp[i])))
@@ -367,7 +332,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 else:
                     replay = contextlib.nullcontext()
                 with replay:  # the backward runs inside too: gradient checkpointing recomputes the routing
-                    logp, _ = sequence_logprobs(model, mb)
+                    logp, _ = token_logprobs(model, mb)
                     loss, m = policy_loss(L.name, logp, mb_old, mb.rollout_logp, mb.advantages, mb.loss_mask,
                                           num_sequences=len(members), num_tokens=num_tokens, **L.options)
                     if not torch.isfinite(loss):
@@ -395,6 +360,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             **{k: v for k, v in _weighted_mean(loss_rows).items()},
             "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "samples": len(samples),
+            "micro_batches": len(old_batches),
+            "padding_waste": padding_waste(lengths, old_batches),
             "router_agreement": agree_sum / agree_n if agree_n else None,
             "prefix_breaks": sum(t.new_segment for t in turns),
             "roundtrip_mismatch_rate": sum(bool(t.roundtrip_drift) for t in turns) / max(len(turns), 1),

@@ -135,21 +135,3 @@ def test_smollm2_checkpoint_saves_and_reloads(tmp_path):
     text = again.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                                add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n")
-
-
-def test_sequence_logprobs_skip_prompt_logits_but_match_a_full_pass(tiny_qwen3):
-    from agentrl.records import Sample
-    from agentrl.train import collate, sequence_logprobs
-
-    model = tiny_qwen3.model
-    samples = [Sample((5, 6, 7, 8, 9, 10), (0, 0, 0, 1, 1, 1), (0, 0, 0, -1, -1, -1), 1.0, 0),
-               Sample((11, 12, 13, 14), (0, 0, 1, 1), (0, 0, -1, -1), -1.0, 0)]
-    mb = collate(samples, pad_id=0)
-    with torch.no_grad():
-        logp, ent = sequence_logprobs(model, mb, with_entropy=True)
-        full = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
-    ref = torch.log_softmax(full, -1).gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
-    m = mb.loss_mask.bool()
-    assert torch.allclose(logp[m], ref[m], atol=1e-5)
-    assert (logp[:, :1] == 0).all()  # before the first loss position nothing is computed
-    assert (ent[m] > 0).all()

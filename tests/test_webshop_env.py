@@ -101,11 +101,13 @@ def test_golden_pages_and_purchase(tiny_env):
     assert info["admissible_actions"] == ["search[<query>]"] and info["task_type"] == "beauty"
 
     obs, reward, terminated, truncated, info = tiny_env.step("search[lavender shampoo]")
-    assert obs == (f"{HEADER.format(instruction=instruction)} [SEP] Page 1 (Total results: 2) [SEP] "
+    # The original always shows "Next >", even when every result fits on page 1.
+    assert obs == (f"{HEADER.format(instruction=instruction)} [SEP] Page 1 (Total results: 2) [SEP] Next > [SEP] "
                    "B000SHAMP1 [SEP] Acme Lavender Shampoo for Dry Hair [SEP] $12.5 [SEP] "
                    "B000SHAMP3 [SEP] Budget Shampoo Value Pack [SEP] $100.0")
     assert (reward, terminated, truncated) == (0.0, False, False)
-    assert info["admissible_actions"] == ["click[back to search]", "click[b000shamp1]", "click[b000shamp3]"]
+    assert info["admissible_actions"] == ["click[back to search]", "click[next >]", "click[b000shamp1]",
+                                          "click[b000shamp3]"]
 
     obs, *_ = tiny_env.step("click[B000SHAMP1]")
     item = (f"{HEADER.format(instruction=instruction)} [SEP] < Prev [SEP] size [SEP] 8 fl oz [SEP] 16 fl oz [SEP] "
@@ -132,7 +134,14 @@ def test_golden_pages_and_purchase(tiny_env):
     obs, *_ = tiny_env.step("click[lavender]")
     assert "[SEP] 16 fl oz [SEP]" in obs  # text mode does not mark the choice
     obs, reward, terminated, truncated, info = tiny_env.step("click[buy now]")
-    assert obs == "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0"
+    # The original's done page, hidden debug block included, as its text mode reads it.
+    assert obs == ("Thank you for shopping with us! [SEP] Your code: [SEP] None [SEP] (Paste it in your MTurk "
+                   "interface.) [SEP] Purchased [SEP] asin [SEP] B000SHAMP1 [SEP] options [SEP] "
+                   '{"scent": "lavender", "size": "16 fl oz"} [SEP] attrs [SEP] None [SEP] category [SEP] None [SEP] '
+                   "query [SEP] None [SEP] product category [SEP] None [SEP] Target [SEP] asin [SEP] options [SEP] "
+                   "attrs [SEP] price upper [SEP] instuction text [SEP] category [SEP] product category [SEP] query "
+                   "[SEP] Goal [SEP] None [SEP] Reward [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0 [SEP] "
+                   "Reward Details [SEP] None")
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["score"] == 1.0 and info["success"] is True and info["admissible_actions"] == []
     # Stepping after the end neither raises nor pays.
@@ -254,7 +263,13 @@ def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(ValueError, match="split"):
         WebShopEnv(split="dev", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="observation_mode"):
-        WebShopEnv(observation_mode="html", cache_dir=str(tmp_path))
+        WebShopEnv(observation_mode="xml", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="goals must be one of"):
+        WebShopEnv(goals="robot", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="reward_convention"):
+        WebShopEnv(reward_convention="alfworld", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="noun_tagger"):
+        WebShopEnv(noun_tagger="nltk", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="search_mode"):
         WebShopEnv(search_mode="lucene", cache_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="items_shuffle"):
@@ -269,3 +284,69 @@ def test_splits_and_pricing_helpers():
     assert [len(small[s]) for s in ("test", "eval", "train")] == [100, 100, 800]
     assert parse_pricing("$10.99 - $20.99") == ([10.99, 20.99], "$10.99 to $20.99")
     assert parse_pricing(None) == ([100.0], "$100.0")
+
+
+def _play_expert(env, seed):
+    env.reset(seed=seed)
+    for _ in range(env.max_steps):
+        _, reward, terminated, truncated, info = env.step(env.expert_action())
+        if terminated or truncated:
+            return reward, info
+    raise AssertionError("the expert did not finish")
+
+
+def test_verl_agent_reward_convention(generated):
+    env = WebShopEnv(shared=generated, reward_convention="verl-agent")
+    _, info = env.reset(seed=2)
+    assert info["won"] is False
+    reward, info = _play_expert(env, seed=2)
+    assert (reward, info["won"], info["task_score"], info["score"]) == (10.0, True, 1.0, 1.0)
+    # An imperfect purchase: the task score is the original's reward, the step reward 0.
+    env.reset(seed=2)
+    env.step("search[" + env.goal["name"].lower() + "]")
+    env.step(env.expert_action())  # open the goal product
+    _, reward, terminated, _, info = env.step("click[buy now]")  # without choosing its options
+    assert terminated and 0.0 < info["task_score"] < 1.0
+    assert (reward, info["won"]) == (0.0, False)
+    original = WebShopEnv(shared=generated)
+    assert _play_expert(original, seed=2)[0] == 1.0
+
+
+def test_html_observation_mode(data_dir, tmp_path):
+    env = WebShopEnv(data_dir=str(data_dir), cache_dir=str(tmp_path / "cache"), split="test", observation_mode="html")
+    obs, _ = env.reset(seed=0)
+    assert obs.startswith("<!DOCTYPE html>") and 'id="search_input"' in obs
+    obs, *_ = env.step("search[shampoo]")
+    assert 'value="click[b000shamp1]"' in obs and "Next &gt;" in obs
+    env.step("click[b000shamp1]")
+    obs, *_ = env.step("click[buy now]")
+    # People see the thank-you line and the score; the original's hidden debug block is not in the HTML.
+    assert "Thank you for shopping with us!" in obs and "Your score (min 0.0, max 1.0)" in obs
+    assert "instuction text" not in obs
+
+
+def test_goal_kinds_switch(data_dir, tmp_path):
+    cache = str(tmp_path / "cache")
+    human = WebShopEnv(data_dir=str(data_dir), cache_dir=cache, split="test", goals="human")
+    synthetic = WebShopEnv(data_dir=str(data_dir), cache_dir=cache, split="test", goals="synthetic")
+    auto = WebShopEnv(data_dir=str(data_dir), cache_dir=cache, split="test")
+    assert human.resource.folder != synthetic.resource.folder
+    assert all(isinstance(g["goal_options"], list) for g in human.resource.goals)
+    synthetic_goals = list(synthetic.resource.goals)
+    # One synthetic goal per option combination of the one product with an instruction (2 sizes x 2 scents).
+    assert [g["goal_options"] for g in synthetic_goals] == [
+        {"scent": s, "size": z} for s in ("lavender", "citrus | mint") for z in ("8 fl oz", "16 fl oz")]
+    assert synthetic_goals[0]["instruction_text"].startswith("i need a sulfate free shampoo with scent: lavender, "
+                                                             "and size: 8 fl oz")
+    assert [g["goal_options"] for g in auto.resource.goals] == [g["goal_options"] for g in human.resource.goals]
+    (data_dir / "items_human_ins.json").unlink()
+    with pytest.raises(FileNotFoundError, match="items_human_ins.json"):
+        WebShopEnv(data_dir=str(data_dir), cache_dir=str(tmp_path / "other"), goals="human")
+
+
+def test_generated_human_goals_list_their_values(tmp_path):
+    env = WebShopEnv(num_products=60, seed=1, cache_dir=str(tmp_path), goals="human")
+    goal = env.resource.goals[0]
+    assert isinstance(goal["goal_options"], list) and " with " not in goal["instruction_text"]
+    assert all(value in goal["instruction_text"] for value in goal["goal_options"])
+    assert _play_expert(env, seed=0)[0] == 1.0

@@ -1,6 +1,7 @@
 r"""`MathEnv`: answer a math problem, in one try or in several with feedback.
 
-Episode rules (reward is 1 for a correct answer, else 0; ``info["success"]`` is set on the last step):
+Episode rules (with the default rewards, 1 for a correct answer, else 0; ``info["success"]`` is set on the last
+step):
 
 ============================  ==========================================  ==========================================
 model reply                   ``mode="single"``                           ``mode="multi"``
@@ -16,6 +17,11 @@ no answer found               reward 0, ``truncated``: the only try is    says n
 
 A wrong answer ends a single-turn episode as ``terminated`` because the task failed for good. A reply without an
 answer ends it as ``truncated``: the one-reply budget ran out before the model answered.
+
+Rewards and grading are configurable (see `grading`): ``reward_correct`` / ``reward_wrong`` / ``reward_no_answer``
+and a ``format_bonus`` for replies with a ``\boxed{}``; ``strict=True`` counts only boxed answers, so a reply that
+merely ends in the right number is "no answer"; ``extractor`` and ``verifier`` pick the answer extraction and the
+equivalence check by name, import path or callable. A problem may have several acceptable gold answers.
 """
 
 from __future__ import annotations
@@ -28,9 +34,8 @@ import gymnasium as gym
 
 from agentrl.core import SharedResource, TextEnv
 
-from .equivalence import answers_match
-from .extract import extract_answer
 from .generator import LEVELS, SPLITS, generate_problem
+from .grading import AnswerExtractor, AnswerVerifier, Grader, RewardConfig
 from .problems import Problem, load_problems
 
 __all__ = ["MathEnv", "MathProblemSet", "ANSWER_INSTRUCTION"]
@@ -58,7 +63,7 @@ class MathProblemSet(SharedResource):
 
 
 class MathEnv(TextEnv):
-    r"""Math word problems and arithmetic with 1/0 reward: procedural levels 1-5, or GSM8K / MATH JSONL files.
+    r"""Math word problems and arithmetic with 1/0 reward: procedural levels 1-5, or problem files.
 
     The observation is the problem text followed by "Put your final answer in \boxed{}.". The model's reply is
     searched for a final answer (``\boxed{}``, ``#### N``, "the answer is X", else the last number; see
@@ -76,12 +81,22 @@ class MathEnv(TextEnv):
     ``success`` and ``gold_answer``.
 
     Args:
-        source: ``"procedural"`` or the path of a ``.jsonl`` file in GSM8K or MATH format.
+        source: ``"procedural"`` or the path of a ``.jsonl`` / ``.json`` / ``.parquet`` problems file (GSM8K, MATH,
+            MATH-500, AIME-style or DAPO-Math layouts; see `load_problems`).
         level: difficulty of procedural problems, 1 (``7 + 5``) to 5 (multi-step word problems); ignored for files.
         mode: ``"single"`` (one reply, right or wrong) or ``"multi"`` (wrong answers get feedback and another try).
         max_turns: replies allowed per episode in ``"multi"`` mode (single mode always allows one).
         split: ``"train"`` or ``"test"`` for procedural problems; ignored for files (the file is the split).
         verify_timeout_s: the most seconds one symbolic equivalence check may take before counting as wrong.
+        strict: count an answer only when the reply has a non-empty ``\boxed{}`` (the requested format).
+        reward_correct: reward for a correct answer.
+        reward_wrong: reward for a wrong answer.
+        reward_no_answer: reward when no answer is found (in strict mode: no ``\boxed{}``).
+        format_bonus: added to the reward of every reply with a non-empty ``\boxed{}``, right or wrong.
+        extractor: how answers are found: ``"default"``, ``"boxed"``, a registered name, ``"module:function"`` or a
+            callable (text -> answer or None).
+        verifier: how answers are compared: ``"default"``, ``"exact"``, a registered name, ``"module:function"`` or
+            a callable (gold, predicted -> bool).
         shared: a prebuilt `MathProblemSet` for ``source`` (runner pools pass one per node); built if omitted.
     """
 
@@ -99,6 +114,13 @@ class MathEnv(TextEnv):
         max_turns: int = 3,
         split: str = "train",
         verify_timeout_s: float = 2.0,
+        strict: bool = False,
+        reward_correct: float = 1.0,
+        reward_wrong: float = 0.0,
+        reward_no_answer: float = 0.0,
+        format_bonus: float = 0.0,
+        extractor: str | AnswerExtractor = "default",
+        verifier: str | AnswerVerifier = "default",
         shared: MathProblemSet | None = None,
     ):
         if level not in LEVELS:
@@ -118,6 +140,9 @@ class MathEnv(TextEnv):
         self.max_turns = 1 if mode == "single" else max_turns
         self.split = split
         self.verify_timeout_s = verify_timeout_s
+        rewards = RewardConfig(correct=reward_correct, wrong=reward_wrong, no_answer=reward_no_answer,
+                               format_bonus=format_bonus)
+        self.grader = Grader(extractor, verifier, rewards, strict=strict, verify_timeout_s=verify_timeout_s)
         if self.source == "procedural":
             self._problem_set = None
         else:
@@ -161,8 +186,8 @@ class MathEnv(TextEnv):
         if not isinstance(action, str):
             raise TypeError(f"MathEnv actions are str, got {type(action).__name__}")
         self._turn += 1
-        answer = extract_answer(action)
-        correct = answers_match(problem.answer, answer, timeout_s=self.verify_timeout_s)
+        grade = self.grader(action, problem.golds)
+        answer, correct = grade.answer, grade.correct
         out_of_turns = self._turn >= self.max_turns
         if correct:
             observation, terminated, truncated = "Correct.", True, False
@@ -177,11 +202,11 @@ class MathEnv(TextEnv):
         if not (terminated or truncated) and self.mode == "multi":
             turns_left = self.max_turns - self._turn
             observation += f" ({turns_left} {'try' if turns_left == 1 else 'tries'} left.)"
-        info = self._info(extracted_answer=answer, correct=correct)
+        info = self._info(extracted_answer=answer, correct=correct, followed_format=grade.followed_format)
         if terminated or truncated:
             self._done, self._success = True, correct
             info.update(success=correct, gold_answer=problem.answer)
-        return observation, float(correct), terminated, truncated, info
+        return observation, grade.reward, terminated, truncated, info
 
     def expert_action(self) -> str:
         r"""A worked solution ending in ``\boxed{<gold answer>}``."""

@@ -1,9 +1,13 @@
 r"""Answer equivalence: `answers_match(gold, predicted)`, exact for numbers, math-verify for the rest, time-bounded.
 
-Two paths, cheapest first:
+Both answers are cleaned alike first (`normalize_answer`: a ``\boxed{}`` is unwrapped, math delimiters go,
+"18 dollars" becomes 18; extraction cleans predictions the same way), then two paths, cheapest first:
 
-1. Both answers are plain numbers (integers, decimals, ``a/b``, ``\frac{a}{b}``): compare them exactly as
-   fractions. This covers GSM8K and the procedural problems and takes microseconds.
+1. Both answers are plain numbers (integers, decimals, ``a/b``, ``\frac{a}{b}``, thousands separators ``1,000``,
+   ``1\,000``, ``1{,}000``, ``1 000``): compare them exactly as fractions, and when either is written as a decimal
+   with a fractional part, also rounded to `FLOAT_ROUNDING` places, which is what math-verify does for floats
+   (``0.0833333333333333`` equals ``\frac{1}{12}`` on both paths). This covers GSM8K and the procedural problems
+   and takes microseconds.
 2. Otherwise math-verify (``verify(parse(gold), parse(pred))``, gold first) compares them symbolically.
 
 Why a worker thread: math-verify bounds its own time with ``signal.alarm``, which only works on the main thread of
@@ -20,11 +24,16 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TypeVar
 
-__all__ = ["answers_match", "as_number", "MAX_ABANDONED_CHECKS"]
+from .extract import boxed_list, clean_answer
+
+__all__ = ["FLOAT_ROUNDING", "MAX_ABANDONED_CHECKS", "answers_match", "as_number", "match_any", "normalize_answer"]
+
+FLOAT_ROUNDING = 6
+"""Decimal places at which a decimal answer is compared with an exact one (math-verify's default)."""
 
 MAX_ABANDONED_CHECKS = 4
 """Symbolic checks still running after their time ran out, beyond which new symbolic checks are refused."""
@@ -34,6 +43,12 @@ _abandoned: list[threading.Thread] = []
 _abandoned_lock = threading.Lock()
 
 _PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?$")
+_DECIMAL_RE = re.compile(r"\.\d")
+# Thousands separators: ",", "\,", "{,}", "\ " or "\!" between groups of three; a plain space only when every
+# group is separated by one ("1 000 000"), so "32, 349" (a list) is never a number.
+_GROUPED_RE = re.compile(
+    r"^[-+]?\d{1,3}(?:(?:,|\\,|\{,\}|\\ |\\!)\d{3})+(?:\.\d+)?$|^[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?$"
+)
 _LATEX_FRACTION_RE = re.compile(r"^([-+]?)\\[dt]?frac\s*(?:\{\s*([-+]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
 _T = TypeVar("_T")
 
@@ -61,11 +76,17 @@ def as_number(answer: str) -> Fraction | None:
         Fraction(2001, 2)
         >>> as_number("-\\frac{3}{4}")
         Fraction(-3, 4)
+        >>> as_number("1\\,000\\,000")
+        Fraction(1000000, 1)
+        >>> as_number("32, 349") is None  # a list, not thirty-two thousand
+        True
         >>> as_number("2x") is None
         True
     """
-    text = answer.strip().replace("−", "-").replace("\\$", "").lstrip("$").replace("\\!", "").replace(" ", "")
-    text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
+    text = answer.strip().replace("−", "-").replace("\\$", "").lstrip("$").strip()
+    if _GROUPED_RE.match(text):
+        text = re.sub(r",|\\,|\{,\}|\\ |\\!| ", "", text)
+    text = re.sub(r"(?<=[-+])\s+|\s*(?=/)|(?<=/)\s*", "", text)
     try:
         if _PLAIN_NUMBER_RE.match(text):
             return Fraction(text)
@@ -98,23 +119,63 @@ def answers_match(gold: str, predicted: str | None, timeout_s: float = 2.0) -> b
         >>> answers_match("18", "17")
         False
     """
-    if predicted is None:
+    if predicted is None or gold is None:
+        return False
+    gold, predicted = normalize_answer(gold), normalize_answer(predicted)
+    if not gold or not predicted:
         return False
     if _squash(gold) == _squash(predicted):
         return True
     gold_number, predicted_number = as_number(gold), as_number(predicted)
     if gold_number is not None and predicted_number is not None:
-        return gold_number == predicted_number
+        if gold_number == predicted_number:
+            return True
+        if _DECIMAL_RE.search(gold) or _DECIMAL_RE.search(predicted):
+            return round(gold_number, FLOAT_ROUNDING) == round(predicted_number, FLOAT_ROUNDING)
+        return False
+    _import_math_verify()  # outside the timed thread: the first import alone can take seconds on a busy machine
     verdict = _run_bounded(lambda: _math_verify(gold, predicted), timeout_s)
     return bool(verdict)
+
+
+def match_any(golds: Sequence[str], predicted: str | None, timeout_s: float = 2.0) -> bool:
+    """True when `predicted` matches any of several acceptable gold answers (see `answers_match`)."""
+    return any(answers_match(gold, predicted, timeout_s) for gold in golds)
+
+
+def normalize_answer(gold: str) -> str:
+    r"""Clean an answer (gold or predicted) the way extraction cleans predictions, so both sides are read alike.
+
+    A ``oxed{}`` is unwrapped (several boxes in a row form a list), math delimiters and trailing punctuation go,
+    and a number with units becomes the bare number.
+
+    Examples:
+        >>> normalize_answer("18 dollars")
+        '18'
+        >>> normalize_answer(r"\boxed{24}")
+        '24'
+        >>> normalize_answer(r"$\frac{1}{2}$")
+        '\\frac{1}{2}'
+    """
+    text = str(gold).strip()
+    if "\\boxed" in text or "\\fbox" in text:
+        # Boxes of a reference answer separated by at most a couple of words form a list ("\boxed{1} papers and
+        # \boxed{2} bins" is 1, 2); otherwise the last box is the answer.
+        return ", ".join(clean_answer(content) for content in boxed_list(text, max_gap_words=2) if content.strip())
+    return clean_answer(text)
 
 
 def _squash(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
+def _import_math_verify() -> None:
+    # Imported on first symbolic use: math-verify pulls in sympy and antlr (~0.5 s), which pure-numeric users never
+    # need. Python's import lock makes concurrent first calls wait for one import.
+    import math_verify  # noqa: F401
+
+
 def _math_verify(gold: str, predicted: str) -> bool:
-    # Imported here: math-verify pulls in sympy and antlr (~0.5 s), which pure-numeric users never need.
     from math_verify import parse, verify
 
     # Wrapping in \boxed makes math-verify read the whole string as the answer instead of hunting inside it.

@@ -1,90 +1,160 @@
-r"""Final-answer extraction from free model text: `extract_answer(text) -> str | None`.
+r"""Final-answer extraction from free model text: `find_answer(text) -> Extraction | None`.
 
 Models state their final answer in many ways. We look, in this order of trust, for
 
-1. the last ``\boxed{...}`` (or ``\fbox{...}``), read with balanced braces so ``\boxed{\frac{1}{2}}`` survives;
+1. ``\boxed{...}`` (or ``\fbox{...}``), read with balanced braces so ``\boxed{\frac{1}{2}}`` survives. The last box
+   wins; boxes right before it that are separated from it only by commas, "and" or spacing belong to the same
+   answer (``\boxed{1}, \boxed{2}`` is the list ``1, 2``);
 2. the last ``#### N`` line (the GSM8K convention);
-3. the last "the answer is X" / "final answer: X" phrase;
-4. the last number anywhere in the text.
+3. the last answer phrase ("the answer is X", "Final Answer: X", "the final answer is $X$") whose value looks like an
+   answer: a math span, or a clause with a digit or LaTeX and at most a few words ("Answer: let me check this
+   again, 2+2 is 4 ..." is prose, not a value, and does not block the rules below). Phrases may nest: in the
+   Minerva format "Final Answer: The final answer is $24$. I hope it is correct." the value is ``24``;
+4. whichever comes last of the last math span (``$...$``, ``\(...\)``, ``\[...\]``) and the last number outside
+   math: "the ordered pair is $(7, 6)$" gives ``(7, 6)``, not 6; "$a = 3$, so 12 apples" gives 12. An equation's
+   value is its right-hand side.
 
-The extracted span is then cleaned: math delimiters (``$...$``, ``\(...\)``) and trailing punctuation go, and a
-number followed only by words or a currency / percent sign ("$1,200 dollars", "50%", ``18 \text{ apples}``)
-becomes the bare number without thousands separators ("1200"). Anything else (``\frac{1}{2}``, ``2\sqrt{3}``,
-``x = 5``) is returned as LaTeX for `answers_match` to compare symbolically.
+With ``strict=True`` only rule 1 counts: the format the env asks for (see `MathEnv`).
+
+The extracted span is then cleaned: math delimiters and trailing punctuation go, and a number followed only by
+words, a currency / percent / degree sign ("$1,200 dollars", "50%", ``18 \text{ apples}``) becomes the bare number
+without thousands separators ("1200"). Anything else (``\frac{1}{2}``, ``2\sqrt{3}``, ``x \geq 5``) is returned
+as LaTeX for `answers_match` to compare symbolically.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-__all__ = ["extract_answer", "last_boxed", "normalize_number"]
+__all__ = ["ANSWER_RULES", "Extraction", "boxed_list", "clean_answer", "extract_answer", "find_answer", "last_boxed",
+           "normalize_number"]
 
-# A number as people write it: optional sign, thousands separators, decimals, or a simple fraction a/b.
-# The sign only counts when it is not a binary minus ("10-3" is ten minus three, not ten and minus three).
-_NUMBER = r"(?:(?<![\w)\]}])[-−])?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+(?!\.\d))?|(?<!\d)[-−]?\.\d+"
+ANSWER_RULES = ("boxed", "hashes", "phrase", "math", "number")
+"""How an answer was found, most trusted first (see the module docstring)."""
+
+# A number as people write it: optional sign, thousands separators (",", "\,", "{,}", or a space between groups
+# of three), decimals, or a simple fraction a/b. The sign only counts when it is not a binary minus ("10-3").
+_GROUP_SEP = r"(?:,|\\,|\{,\}|\\ |\\!| )"
+_NUMBER = (
+    rf"(?<![A-Za-z])(?:(?<![\w)\]}}])[-−])?(?:(?<![\d.])\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+(?![\d]|,\d)|\d+)(?:\.\d+)?"
+    r"(?:/\d+(?!\.\d))?|(?<![\dA-Za-z])[-−]?\.\d+"
+)
 _NUMBER_RE = re.compile(_NUMBER)
 _LEADING_NUMBER_RE = re.compile(rf"^\s*(?:\\?\$\s*)?({_NUMBER})")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_BOX_JOINER_RE = re.compile(
+    r"^(?:\s|,|;|\$|\\quad|\\qquad|\\,|\\[()\[\]]|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|&)*$"
+)
 _HASHES_RE = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS_RE = re.compile(r"(?:final\s+answer|the\s+answer|answer)\s*(?:is|:|=)\s*:?\s*(.*)", re.IGNORECASE)
+_ANSWER_PHRASE_RE = re.compile(r"(?:final\s+answer|the\s+answer|answer)\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
+_MATH_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 # Wrappers whose content is plain words: ``\text{ dollars}`` reads as " dollars".
 _TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm)\s*\{([^{}]*)\}")
-# What may follow a number for it to still be "just the number": words (units), currency and percent signs.
-_UNIT_TAIL_RE = re.compile(r"^(?:\s*(?:\\?%|\\?\$|\\[,;!]|\s+[A-Za-z][A-Za-z'\-]*|\.))*\s*$")
+# What may follow a number for it to still be "just the number": words (units), currency, percent and degree signs.
+_UNIT_TAIL_RE = re.compile(
+    r"^(?:\s*(?:\\?%|\\?\$|\\[,;!]|\^\s*\{?\\circ\}?|°|\\circ|\s*[A-Za-z][A-Za-z'\-]*(?:\^\d)?|\.))*\s*$"
+)
 # Where the value stated after "the answer is" stops: a sentence end, a clause comma ("1,000" has no space), or a
 # justification ("18 because ...").
 _PHRASE_END_RE = re.compile(r"\.(?:\s|$)|\n|,\s|\s(?:because|since|as|so|which|and)\s", re.IGNORECASE)
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_PROSE_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_LATEX_COMMAND_RE = re.compile(r"\\[A-Za-z]+\*?(?:\{[A-Za-z*]*\})?")
+_HAS_VALUE_RE = re.compile(r"[\d\\]")
+_FINAL_PHRASE_RE = re.compile(r"final\s+answer", re.IGNORECASE)
+# ASCII relations as people type them, in the LaTeX math-verify parses.
+_ASCII_RELATIONS = (("<=", "\\leq "), (">=", "\\geq "), ("!=", "\\neq "), ("=<", "\\leq "), ("=>", "\\geq "))
+_WHOLE_TEXT_WRAPPER_RE = re.compile(r"^\\(?:text|textbf|textit|mbox|mathrm)\s*\{([^{}]*)\}$")
+_MAX_PHRASE_WORDS = 3  # "18 dollars and 50 cents" is a value; "let me check this again" is prose
 # Answers longer than this are prose, not a final answer; refusing them also bounds the symbolic check's input.
 _MAX_ANSWER_CHARS = 300
 
 
-def extract_answer(text: str) -> str | None:
-    r"""Extract the final answer from model text, or None when it states none.
+@dataclass(frozen=True)
+class Extraction:
+    """A final answer found in model text.
+
+    Attributes:
+        answer: the cleaned answer (a bare number where the answer is numeric, else LaTeX).
+        rule: which rule found it, one of `ANSWER_RULES`.
+    """
+
+    answer: str
+    rule: str
+
+
+def find_answer(text: str, strict: bool = False) -> Extraction | None:
+    r"""Find the final answer in model text and say how it was found; None when the text states none.
 
     Args:
         text: the raw text the model produced.
+        strict: accept only ``\boxed{}`` answers (the format `MathEnv` asks for).
 
-    Returns:
-        The answer as a short string (a bare number where the answer is numeric), or None when the text holds no
-        boxed answer, no ``####`` line, no "the answer is" phrase and no number at all.
+    Examples:
+        >>> find_answer("Final Answer: The final answer is $24$. I hope it is correct.")
+        Extraction(answer='24', rule='phrase')
+        >>> find_answer("The answer is 24.", strict=True) is None
+        True
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"extract_answer expects a str, got {type(text).__name__}")
+    finders = (("boxed", _boxed_group),) if strict else (
+        ("final", _final_phrase_after_boxes), ("boxed", _boxed_group), ("hashes", _last_hashes),
+        ("phrase", _last_answer_phrase), ("fallback", _fallback))
+    for rule, finder in finders:
+        found = finder(text)
+        if found is None:
+            continue
+        if rule == "fallback":
+            rule, found = found
+        elif rule == "final":
+            rule = "phrase"
+        answer = clean_answer(found)
+        if answer and len(answer) <= _MAX_ANSWER_CHARS:
+            return Extraction(answer, rule)
+    return None
+
+
+def extract_answer(text: str, strict: bool = False) -> str | None:
+    r"""Extract the final answer from model text, or None when it states none (see `find_answer`).
 
     Examples:
         >>> extract_answer(r"So x = 1/2, hence \boxed{\frac{1}{2}}.")
         '\\frac{1}{2}'
         >>> extract_answer(r"First \boxed{3}, no wait: \boxed{4}")
         '4'
+        >>> extract_answer(r"The solutions are \boxed{1}, \boxed{2}.")
+        '1, 2'
         >>> extract_answer("She makes 9 * 2 = $18 every day.\n#### 18")
         '18'
         >>> extract_answer("The answer is $1,250 dollars.")
         '1250'
+        >>> extract_answer("So the ordered pair is $(7, 6)$.")
+        '(7, 6)'
         >>> extract_answer("It drops to -7 degrees.")
         '-7'
         >>> extract_answer("I do not know.") is None
         True
     """
-    if not isinstance(text, str):
-        raise TypeError(f"extract_answer expects a str, got {type(text).__name__}")
-    for finder in (last_boxed, _last_hashes, _last_answer_phrase, _last_number):
-        span = finder(text)
-        if span is None:
-            continue
-        answer = _clean(span)
-        if answer and len(answer) <= _MAX_ANSWER_CHARS:
-            return answer
-    return None
+    found = find_answer(text, strict)
+    return found.answer if found else None
 
 
 def normalize_number(token: str) -> str:
-    """Write a number token in canonical form: no thousands separators, ASCII minus.
+    r"""Write a number token in canonical form: no thousands separators, ASCII minus.
 
     Examples:
         >>> normalize_number("1,234.50")
         '1234.50'
+        >>> normalize_number("1\\,000\\,000")
+        '1000000'
         >>> normalize_number("−3")
         '-3'
     """
-    return token.replace(",", "").replace("−", "-").strip()
+    for separator in ("{,}", "\\,", "\\ ", "\\!", ",", " "):
+        token = token.replace(separator, "")
+    return token.replace("−", "-").strip()
 
 
 def last_boxed(text: str) -> str | None:
@@ -94,18 +164,59 @@ def last_boxed(text: str) -> str | None:
         >>> last_boxed(r"\boxed{1} then \boxed{\frac{2}{3}}")
         '\\frac{2}{3}'
     """
+    boxes = _boxes(text)
+    return boxes[-1][2] if boxes else None
+
+
+def boxed_list(text: str, max_gap_words: int | None = None) -> list[str]:
+    r"""The contents of the last ``\boxed{}`` and of the boxes right before it that belong to the same answer.
+
+    Args:
+        text: the text.
+        max_gap_words: None: boxes separated only by commas, "and", "or" or spacing belong together (model replies,
+            where "\boxed{3}. Hmm, no: \boxed{4}" is a correction); a number: gaps of at most that many words
+            do too (reference answers, where "\boxed{1} papers and \boxed{2} bins" is a list).
+
+    Examples:
+        >>> boxed_list(r"\boxed{1}, \boxed{2}")
+        ['1', '2']
+        >>> boxed_list(r"\boxed{1} papers and \boxed{2} bins", max_gap_words=2)
+        ['1', '2']
+        >>> boxed_list(r"First \boxed{3}. Hmm, no: \boxed{4}")
+        ['4']
+    """
+    boxes = _boxes(text)
+    if not boxes:
+        return []
+    group = [boxes[-1]]
+    for previous in reversed(boxes[:-1]):
+        gap = text[previous[1] : group[0][0]]
+        joined = _BOX_JOINER_RE.match(gap) if max_gap_words is None else _prose_words(gap) <= max_gap_words
+        if not joined:
+            break
+        group.insert(0, previous)
+    return [content.strip() for _, _, content in group]
+
+
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    r"""Every closed box as (start of ``\boxed``, end after its argument, content), in text order."""
     closing = _closing_braces(text)
-    found = None
+    found = []
     for match in _BOX_RE.finditer(text):
         start = match.end()
         if start < len(text) and text[start] == "{":
             if start in closing:  # an unclosed \boxed{ is skipped
-                found = text[start + 1 : closing[start]]
+                found.append((match.start(), closing[start] + 1, text[start + 1 : closing[start]]))
         else:  # ``\boxed 5``: the argument is the next token
             token = re.match(r"[^\s$]+", text[start:])
             if token:
-                found = token.group(0)
+                found.append((match.start(), start + token.end(), token.group(0)))
     return found
+
+
+def _boxed_group(text: str) -> str | None:
+    group = boxed_list(text)
+    return ", ".join(group) if group else None
 
 
 def _closing_braces(text: str) -> dict[int, int]:
@@ -124,36 +235,114 @@ def _last_hashes(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
+def _final_phrase_after_boxes(text: str) -> str | None:
+    """A "final answer" phrase stated after the last box: the Minerva format after boxed intermediate results."""
+    boxes = _boxes(text)
+    if not boxes:
+        return None
+    tail = text[boxes[-1][1] :]
+    return _last_answer_phrase(tail) if _FINAL_PHRASE_RE.search(tail) else None
+
+
 def _last_answer_phrase(text: str) -> str | None:
-    spans = []
-    for match in _ANSWER_IS_RE.finditer(text):
-        rest = match.group(1)
-        span = _first_clause(rest)
-        # "the answer is 5 + 3 = 8": the value is what follows the last "=".
-        span = span.rsplit("=", 1)[-1]
-        # A phrase without any digit or LaTeX ("the answer is unclear") is not an answer.
-        if re.search(r"[\d\\]", span):
-            spans.append(span)
-    return spans[-1] if spans else None
+    value = None
+    for match in _ANSWER_PHRASE_RE.finditer(text):
+        # A value is short: reading past a few hundred characters only costs time on junk input.
+        window = text[match.end() : match.end() + _MAX_ANSWER_CHARS]
+        candidate = _phrase_value(window) if _HAS_VALUE_RE.search(window) else None
+        if candidate is not None:
+            value = candidate
+    return value
+
+
+def _phrase_value(rest: str) -> str | None:
+    """The value stated at the start of `rest` (after an answer phrase), or None when it is prose or nothing."""
+    math = _MATH_SPAN_RE.match(rest)
+    span = next(g for g in math.groups() if g is not None) if math else _first_clause(rest)
+    span = _equation_value(span)
+    if not re.search(r"[\d\\]", span):  # "the answer is unclear"
+        return None
+    if _prose_words(span) > _MAX_PHRASE_WORDS:
+        return None
+    if not math and _PROSE_WORD_RE.match(span.lstrip()):
+        # "Final Answer: The largest $n$ is 34": a sentence whose value is its last math span or number.
+        found = _fallback(span)
+        return found[1] if found else None
+    return span
+
+
+def _equation_value(span: str) -> str:
+    """The right-hand side of arithmetic ("5 + 3 = 8" -> "8"); equations with variables stay whole ("y = 2x")."""
+    lhs, equals, rhs = span.rpartition("=")
+    if equals and lhs.strip() and rhs.strip() and not lhs.rstrip().endswith(("<", ">", "!")):
+        if not re.search(r"[A-Za-z]", _LATEX_COMMAND_RE.sub("", lhs)):
+            return rhs
+    return span
+
+
+def _prose_words(text: str) -> int:
+    r"""Words of two or more letters outside LaTeX commands and ``\text{}``."""
+    return len(_PROSE_WORD_RE.findall(_LATEX_COMMAND_RE.sub(" ", _TEXT_WRAPPER_RE.sub(" ", text))))
 
 
 def _first_clause(text: str) -> str:
     """`text` up to the first clause end that is not inside brackets ("(1, 2) since ..." keeps "(1, 2)")."""
+    depth, counted = 0, 0
     for end in _PHRASE_END_RE.finditer(text):
-        prefix = text[: end.start()]
-        # Counted together because half-open intervals mix them: "[2, 5)".
-        if sum(map(prefix.count, "([{")) <= sum(map(prefix.count, ")]}")):
-            return prefix
+        # Counted together because half-open intervals mix them: "[2, 5)"; counted incrementally (linear time).
+        chunk = text[counted : end.start()]
+        depth += sum(map(chunk.count, "([{")) - sum(map(chunk.count, ")]}"))
+        counted = end.start()
+        if depth <= 0:
+            return text[: end.start()]
     return text
 
 
-def _last_number(text: str) -> str | None:
-    numbers = _NUMBER_RE.findall(text)
-    return numbers[-1] if numbers else None
+def _fallback(text: str) -> tuple[str, str] | None:
+    """The fallback answer as (rule, span).
+
+    The whole text when it is a bare answer, else the later of the last math span and the last number outside math.
+    """
+    bare = text.strip()
+    if bare and len(bare) <= 100 and "\n" not in bare:
+        # "-\frac{10}{9}", "(1, 2)", "$E$", "$odd$": the whole reply is the answer.
+        if _MATH_SPAN_RE.fullmatch(bare) and _prose_words(bare) <= _MAX_PHRASE_WORDS:
+            return "math", bare
+        if _prose_words(bare) == 0 and re.search(r"[\d\\]", bare) and "\\boxed" not in bare:
+            return "math", _equation_value(bare)
+    math_end, math_value = -1, None
+    outside = []
+    position = 0
+    for match in _MATH_SPAN_RE.finditer(text):
+        outside.append((position, text[position : match.start()]))
+        position = match.end()
+        content = next(g for g in match.groups() if g is not None)
+        # Prose between two currency signs ("costs $5 and then $") is not math.
+        if re.search(r"[\d\\]", content) and _prose_words(content) <= _MAX_PHRASE_WORDS:
+            math_end, math_value = match.end(), _equation_value(content)
+    outside.append((position, text[position:]))
+    number_end, number_value = -1, None
+    for offset, chunk in outside:
+        for match in _NUMBER_RE.finditer(chunk):
+            number_end, number_value = offset + match.end(), match.group(0)
+    if math_value is not None and math_end >= number_end:
+        return "math", math_value
+    if number_value is not None:
+        return "number", number_value
+    return None
 
 
-def _clean(span: str) -> str:
-    """Strip delimiters and punctuation; reduce "number + units" to the bare number."""
+def clean_answer(span: str) -> str:
+    r"""Strip delimiters and punctuation; reduce "number + units" to the bare number.
+
+    Examples:
+        >>> clean_answer(r"$18 \text{ dollars}$.")
+        '18'
+        >>> clean_answer(r"90^\circ")
+        '90'
+        >>> clean_answer(r"\frac{1}{2}")
+        '\\frac{1}{2}'
+    """
     answer = span.strip()
     for left, right in _DELIMITERS:
         if answer.startswith(left) and answer.endswith(right) and len(answer) > len(left) + len(right):
@@ -161,6 +350,11 @@ def _clean(span: str) -> str:
             break
     answer = answer.strip().rstrip(".,;:!").strip()
     answer = answer.strip("$").strip()
+    whole_text = _WHOLE_TEXT_WRAPPER_RE.match(answer)
+    if whole_text:  # "\text{E}", "\text{odd}": the words are the answer
+        answer = whole_text.group(1).strip()
+    for ascii_relation, latex in _ASCII_RELATIONS:
+        answer = answer.replace(ascii_relation, latex)
     unwrapped = _TEXT_WRAPPER_RE.sub(lambda m: " " + m.group(1), answer)
     leading = _LEADING_NUMBER_RE.match(unwrapped)
     if leading and _UNIT_TAIL_RE.match(unwrapped[leading.end() :]):

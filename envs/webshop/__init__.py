@@ -3,7 +3,8 @@
 `WebShopEnv` is the env (registered as ``webshop``); `score` is the original's reward as a pure function;
 `WebShopResource` is the catalogue and search index shared by every env on a node; `generate_catalogue` and
 `iter_original_products` produce catalogues (generated, or from the original files); `server.serve` shows the same
-pages as HTML for humans. Facts about the original: ``shared/docs/envs.md``, section WebShop.
+pages as HTML for humans. Facts about the original: ``shared/docs/envs.md``, section WebShop; every remaining
+deviation from it: ``DEVIATIONS.md`` in this folder.
 """
 
 from agentrl.envs.webshop.catalog import iter_original_products

@@ -7,13 +7,9 @@ Files (princeton-nlp/WebShop ``data/``), read from `data_dir`:
     * ``items_human_ins.json`` (optional): ``{asin: [{instruction, instruction_attributes, instruction_options}]}``;
       when present its human instructions are the goals, as in the benchmark.
 
-Departures from the original:
-    * A product priced as a range pays a price drawn uniformly in the range, as in the original, but from an RNG
-      seeded by the ASIN, and goal price caps come from an RNG seeded by the goal; the original draws both from
-      the unseeded global RNG, so its goals differ between runs. Ours are reproducible.
-    * Goal splits: the original's are fixed counts after a seed-233 shuffle (test 0-499, eval 500-1499, train
-      1500+). Those are kept when there are at least 3,000 goals; smaller (generated) catalogues split 10% / 10% /
-      80% after the same shuffle, so every split is non-empty (with fewer than 3 goals every split holds them all).
+Prices of range-priced products and goal price caps are drawn from seeded RNGs (the original uses the global one),
+and catalogues of fewer than 3,000 goals split 10% / 10% / 80% after the original's seed-233 shuffle (with fewer
+than 3 goals every split holds them all); these and every other departure are listed in ``DEVIATIONS.md``.
 """
 
 from __future__ import annotations
@@ -135,7 +131,8 @@ def make_goal(
     """Build a goal for `product`, drawing its price cap from `rng` as the original does.
 
     The cap is the larger of two draws from the first four multiples of 10 above the price; with fewer than two
-    such steps (prices of $980 and more) there is no cap.
+    such steps (prices of $980 and more) there is no cap. The instruction text is ``instruction + option_text +
+    price_text`` as given: the original strips dots off human instructions only (`goals_for_product` does that).
     """
     steps = [p for p in PRICE_STEPS if p > product["price"]][:4]
     if len(steps) >= 2:
@@ -150,7 +147,7 @@ def make_goal(
         "query": product["query"],
         "name": product["Title"],
         "product_category": product["product_category"],
-        "instruction_text": f"{instruction.strip().rstrip('.')}{option_text}{price_text}",
+        "instruction_text": f"{instruction}{option_text}{price_text}",
         "attributes": list(attributes),
         "price_upper": price_upper,
         "goal_options": goal_options,
@@ -175,7 +172,7 @@ def goals_for_product(
             if not ins.get("instruction_attributes"):
                 continue
             rng = random.Random(f"goal:{product['asin']}:{i}")
-            goals.append(make_goal(product, product_index, ins["instruction"], ins["instruction_attributes"],
+            goals.append(make_goal(product, product_index, ins["instruction"].strip("."), ins["instruction_attributes"],
                                    list(ins.get("instruction_options") or []), rng))
         return goals
     if not instructions or not instructions.get("instruction") or not instructions.get("instruction_attributes"):
@@ -250,15 +247,22 @@ def _load_json(path: Path) -> Any:
 
 
 def iter_original_products(
-    data_dir: str | Path, num_products: int | None = None
+    data_dir: str | Path, num_products: int | None = None, goals: str = "auto"
 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """Yield ``(product, goals)`` for each product of the original files, skipping what the original skips.
 
     Args:
         data_dir: the folder holding the original files.
         num_products: keep only the first `num_products` records (the files are pre-shuffled).
+        goals: "human" (``items_human_ins.json``, required), "synthetic" (from ``items_ins_v2``, the original's
+            ``human_goals=False``) or "auto" (human when the file exists).
     """
     files = find_data_files(data_dir, num_products)
+    if goals == "human" and files["human"] is None:
+        raise FileNotFoundError(f"webshop: goals='human' needs items_human_ins.json in {data_dir}; download it "
+                                "(princeton-nlp/WebShop setup.sh) or use goals='synthetic'")
+    if goals == "synthetic":
+        files["human"] = None
     raw_products = _load_json(files["products"])
     if not isinstance(raw_products, list):
         raise ValueError(f"webshop: {files['products']} must hold a list of products")

@@ -10,8 +10,14 @@ parsed with the original's ``(.+)\\[(.+)\\]`` and lowercased. Anything else is a
 reward 0 (``info["error"]`` says why), and the step counts against `max_steps`. ``click[buy now]`` scores the
 purchase with `score` and ends the episode.
 
-Departure from the original: an action is stripped of surrounding whitespace before parsing (model outputs often
-end with a newline). Everything else follows princeton-nlp/WebShop's text env.
+Reward conventions (``reward_convention``):
+
+* ``"original"`` (default): the step that buys returns the score in [0, 1]; every other step returns 0.
+* ``"verl-agent"``: as verl-agent's WebShop wrapper, so its prompts and reward shaping transfer: the buying step
+  returns 10 when the score is exactly 1.0, else 0; ``info["task_score"]`` is the original's step reward and
+  ``info["won"]`` says whether the episode ended with a perfect purchase (False on reset and every other step).
+
+Every departure from princeton-nlp/WebShop is listed, with its reason, in ``envs/webshop/DEVIATIONS.md``.
 """
 
 from __future__ import annotations
@@ -29,19 +35,25 @@ from agentrl.envs.webshop.pages import (
     Page,
     done_page,
     item_page,
+    render_html,
     render_text,
     render_text_rich,
     results_page,
     start_page,
     sub_page,
 )
-from agentrl.envs.webshop.reward import score_breakdown
+from agentrl.envs.webshop.reward import NOUN_TAGGERS, score_breakdown
 from agentrl.envs.webshop.search import TOP_N
 from agentrl.envs.webshop.shared import WebShopResource
 
-__all__ = ["OBSERVATION_MODES", "WebShopEnv"]
+__all__ = ["GOAL_KINDS", "OBSERVATION_MODES", "REWARD_CONVENTIONS", "WebShopEnv"]
 
-OBSERVATION_MODES = ("text", "text_rich")
+OBSERVATION_MODES = ("text", "text_rich", "html")
+REWARD_CONVENTIONS = ("original", "verl-agent")
+GOAL_KINDS = ("auto", "human", "synthetic")
+HTML_ACTION_URL = "/step"
+"""Where the buttons of ``html`` observations post their action (the `server` serves the same pages there)."""
+VERL_AGENT_WIN_REWARD = 10.0
 _ACTION = re.compile(r"(.+)\[(.+)\]")
 
 SYSTEM_PROMPT = """You are shopping in WebShop for the product the instruction describes.
@@ -63,10 +75,16 @@ class WebShopEnv(TextEnv):
         split: which goals episodes draw from: "train", "eval" or "test".
         data_dir: a folder with the original files (``items_shuffle*.json``, ``items_ins_v2*.json``, optionally
             ``items_human_ins.json``); when given they are loaded instead of generating a catalogue.
-        observation_mode: "text" (``[SEP]``-joined) or "text_rich" (buttons marked ``[button] ... [button_]``).
+        observation_mode: "text" (``[SEP]``-joined), "text_rich" (buttons marked ``[button] ... [button_]``) or
+            "html" (the page as an HTML document whose buttons post their ``click[...]`` action).
         max_steps: steps before the episode is truncated.
         search_mode: "bm25", "dense" or "hybrid".
         cache_dir: root of the on-disk cache (default ``$AGENTRL_CACHE/webshop`` or ``~/.cache/agentrl/webshop``).
+        goals: "synthetic" (one goal per option combination, options scored as (name, value) pairs), "human"
+            (the human-written instructions, options scored as values), or "auto": human when the data folder has
+            ``items_human_ins.json``, synthetic otherwise (always synthetic for generated catalogues).
+        reward_convention: "original" or "verl-agent" (see the module docstring).
+        noun_tagger: title nouns for the type score: "auto" (spaCy when installed), "spacy" or "heuristic".
         shared: a `WebShopResource` already opened for these kwargs (runner pools pass one to every env).
     """
 
@@ -87,6 +105,9 @@ class WebShopEnv(TextEnv):
         max_steps: int = 15,
         search_mode: str = "bm25",
         cache_dir: str | None = None,
+        goals: str = "auto",
+        reward_convention: str = "original",
+        noun_tagger: str = "auto",
         shared: WebShopResource | None = None,
         render_mode: str | None = None,
     ):
@@ -94,18 +115,29 @@ class WebShopEnv(TextEnv):
             raise ValueError(f"webshop: split must be one of {SPLITS}, got {split!r}")
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"webshop: observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
+        if goals not in GOAL_KINDS:
+            raise ValueError(f"webshop: goals must be one of {GOAL_KINDS}, got {goals!r}")
+        if reward_convention not in REWARD_CONVENTIONS:
+            raise ValueError(
+                f"webshop: reward_convention must be one of {REWARD_CONVENTIONS}, got {reward_convention!r}")
+        if noun_tagger != "auto" and noun_tagger not in NOUN_TAGGERS:
+            raise ValueError(
+                f"webshop: noun_tagger must be 'auto' or one of {sorted(NOUN_TAGGERS)}, got {noun_tagger!r}")
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"webshop: max_steps must be >= 1, got {max_steps}")
         if shared is not None and not isinstance(shared, WebShopResource):
             raise TypeError(f"webshop: shared must be a WebShopResource, got {type(shared).__name__}")
         self.resource = shared if shared is not None else WebShopResource.build(
-            num_products=num_products, seed=seed, data_dir=data_dir, search_mode=search_mode, cache_dir=cache_dir)
+            num_products=num_products, seed=seed, data_dir=data_dir, search_mode=search_mode, cache_dir=cache_dir,
+            goals=goals)
         self.searcher = self.resource.searcher_for(search_mode)
         self.goal_indices = self.resource.splits[split]
         if len(self.goal_indices) == 0:
             raise ValueError(f"webshop: split {split!r} has no goals in catalogue {self.resource.key}")
         self.split = split
         self.observation_mode = observation_mode
+        self.reward_convention = reward_convention
+        self.noun_tagger = noun_tagger
         self.max_steps = max_steps
         self.render_mode = render_mode
         self.goal: dict[str, Any] | None = None
@@ -133,7 +165,10 @@ class WebShopEnv(TextEnv):
         self.done = False
         self.reward = 0.0
         self._go_start()
-        return self._observation(), self._info()
+        info = self._info()
+        if self.reward_convention == "verl-agent":
+            info["won"] = False
+        return self._observation(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Apply a ``search[...]`` or ``click[...]`` action (see the module docstring)."""
@@ -157,6 +192,10 @@ class WebShopEnv(TextEnv):
         info = self._info(error=error)
         if self.done or truncated:
             info["success"] = self.done and self.reward >= 1.0 - 1e-9
+        if self.reward_convention == "verl-agent":
+            info["task_score"] = reward
+            info["won"] = self.done and reward == 1.0
+            reward = VERL_AGENT_WIN_REWARD if info["won"] else 0.0
         return self._observation(), reward, self.done, truncated, info
 
     def render(self) -> str | None:
@@ -203,9 +242,9 @@ class WebShopEnv(TextEnv):
         element = self._clickables[key]
         page = self._page.name
         if key == "buy now":
-            breakdown = score_breakdown(self.goal, self._product, self.chosen)
+            breakdown = score_breakdown(self.goal, self._product, self.chosen, self.noun_tagger)
             self.done, self.reward, self.breakdown = True, breakdown.total, breakdown
-            self._show(done_page(breakdown.total))
+            self._show(done_page(breakdown.total, self._product["asin"], self.chosen))
             return breakdown.total
         if key == "back to search":
             self._go_start()
@@ -236,7 +275,11 @@ class WebShopEnv(TextEnv):
 
     # ------------------------------------------------------------------------------------------ observations
     def _observation(self) -> str:
-        return render_text(self._page) if self.observation_mode == "text" else render_text_rich(self._page)
+        if self.observation_mode == "text":
+            return render_text(self._page)
+        if self.observation_mode == "text_rich":
+            return render_text_rich(self._page)
+        return render_html(self._page, HTML_ACTION_URL)
 
     def admissible_actions(self) -> list[str]:
         """The actions valid now: ``search[<query>]`` where the page has a search box, and each ``click[...]``."""

@@ -218,13 +218,19 @@ def _instruction(kind_noun: str, wanted: list[str], rng: random.Random) -> str:
     return f"{opening} {kind_noun} that is {', '.join(wanted[:-1])} and {wanted[-1]}"
 
 
-def generate_catalogue(num_products: int, seed: int = 0) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+def generate_catalogue(
+    num_products: int, seed: int = 0, goals: str = "synthetic"
+) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """Yield ``(product, [goal])`` for `num_products` generated products, in the loaded schema.
 
     Args:
         num_products: how many products (1 up to 1.18M and beyond).
         seed: the catalogue seed; the same seed gives the same products and goals.
+        goals: "synthetic" (options as ``{name: value}``, spelled out " with size: large") or "human" (options as a
+            list of values, named in the sentence as people do: ", large and black"); "auto" means synthetic.
     """
+    if goals not in ("auto", "synthetic", "human"):
+        raise ValueError(f"webshop: goals must be 'auto', 'human' or 'synthetic', got {goals!r}")
     if num_products < 1:
         raise ValueError(f"webshop: num_products must be >= 1, got {num_products}")
     rng = random.Random(seed)
@@ -235,8 +241,12 @@ def generate_catalogue(num_products: int, seed: int = 0) -> Iterator[tuple[dict[
         assert product is not None  # generated ASINs are always valid
         wanted = rng.sample(ins["attributes"], k=rng.randint(1, min(3, len(ins["attributes"]))))
         goal_options = {name: rng.choice(values) for name, values in sorted(product["options"].items())}
-        option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
-        goal = make_goal(product, index, _instruction(nouns[product["query"]], wanted, rng), wanted, goal_options,
-                         random.Random(f"{seed}:goal:{index}"), option_text=f" with {option_text}")
+        option_text = " with " + ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
+        chosen: dict[str, str] | list[str] = goal_options
+        if goals == "human":
+            chosen = list(goal_options.values())
+            option_text = ", " + " and ".join(chosen)
+        goal = make_goal(product, index, _instruction(nouns[product["query"]], wanted, rng), wanted, chosen,
+                         random.Random(f"{seed}:goal:{index}"), option_text=option_text)
         yield product, [goal]
 

@@ -10,14 +10,15 @@ rich text and the HTML a human sees in the browser always show the same page.
   line, ``[clicked button]`` once visited in this episode.
 * HTML: a plain page whose buttons post the equivalent ``click[...]`` action (see `server`).
 
-Departure from the original: the done page shows only the thank-you line and the score. The original's done page
-also carries an MTurk code and a hidden block of debug fields (goal, purchased attributes) that its text mode
-reads out; they are left out because they are not part of the task.
+The done page carries what the original's text mode reads out of its done page, hidden debug block included
+(MTurk code "None", the purchased ASIN and options as JSON, empty goal fields, the score), so its text is the
+original's word for word.
 """
 
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,12 +51,15 @@ class Element:
             (the search button; searching is done with ``search[...]``, never by clicking it).
         selected: an option value currently chosen, or a product link already visited.
         group: the option name, for option values.
+        hidden: in the page's text but not shown to people (the original's ``display:none`` debug block, which its
+            text modes read out all the same).
     """
 
     text: str
     kind: Kind = "text"
     selected: bool = False
     group: str = ""
+    hidden: bool = False
 
     @property
     def key(self) -> str:
@@ -92,8 +96,8 @@ def results_page(
                 Element(f"Page {page} (Total results: {total})")]
     if page > 1:
         elements.append(Element("< Prev", "button"))
-    if page * RESULTS_PER_PAGE < total:
-        elements.append(Element("Next >", "button"))
+    # The original always shows "Next >", even on the last page (clicking it there shows an empty page).
+    elements.append(Element("Next >", "button"))
     for product in products:
         elements += [Element(product["asin"], "link", selected=product["asin"] in visited),
                      Element(product["Title"]), Element(product["Price"])]
@@ -128,10 +132,25 @@ def sub_page(instruction: str, product: Mapping[str, Any], which: str) -> Page:
     return Page(which, tuple(elements))
 
 
-def done_page(reward: float) -> Page:
-    """The page after buying, with the score."""
-    return Page("done", (Element("Thank you for shopping with us!"), Element("Your score (min 0.0, max 1.0)"),
-                         Element(repr(float(reward)))))
+def _options_json(options: Mapping[str, str]) -> str:
+    # Flask's ``tojson`` filter: sorted keys, ASCII escapes, and <, >, &, ' escaped for HTML.
+    text = json.dumps(dict(options), sort_keys=True)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027")):
+        text = text.replace(char, escape)
+    return text
+
+
+def done_page(reward: float, asin: str, options: Mapping[str, str]) -> Page:
+    """The page after buying: the original's done page as its text mode reads it (see the module docstring)."""
+    shown = [Element("Thank you for shopping with us!"), Element("Your code:"), Element("None"),
+             Element("(Paste it in your MTurk interface.)")]
+    # "instuction" is the original's spelling.
+    debug = ["Purchased", "asin", asin, "options", _options_json(options), "attrs", "None", "category", "None",
+             "query", "None", "product category", "None", "Target", "asin", "options", "attrs", "price upper",
+             "instuction text", "category", "product category", "query", "Goal", "None", "Reward"]
+    score = [Element("Your score (min 0.0, max 1.0)"), Element(str(float(reward)))]
+    details = [Element("Reward Details", hidden=True), Element("None", hidden=True)]
+    return Page("done", (*shown, *(Element(t, hidden=True) for t in debug), *score, *details))
 
 
 def render_text(page: Page) -> str:
@@ -183,6 +202,8 @@ def render_html(page: Page, action_url: str) -> str:
     esc = html.escape
     body = []
     for e in page.elements:
+        if e.hidden:
+            continue
         click = esc(f"click[{e.key}]", quote=True)
         if e.kind == "search":
             body.append(f'<form method="post" action="{esc(action_url)}"><input id="search_input" name="keywords" '

@@ -16,9 +16,9 @@ node share the same page-cache pages:
   a faiss ``IndexFlatIP`` read with ``IO_FLAG_MMAP_IFC``. It finds documents sharing rare words, not synonyms.
 * Hybrid: reciprocal-rank fusion (k = 60) of the BM25 and dense rankings.
 
-Departures from the original: it searches with Lucene BM25 (pyserini), with Porter stemming; we tokenize into
-lowercase alphanumeric words minus English stopwords, without stemming, so rankings differ slightly. Like Lucene, a
-query sharing no word with any document returns no results.
+The original searches with Lucene BM25 (pyserini), with Porter stemming; we tokenize into lowercase alphanumeric
+words minus English stopwords, without stemming, so rankings differ slightly (listed in ``DEVIATIONS.md``). Like
+Lucene, a query sharing no word with any document returns no results.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path.home() / ".cache" / "agentrl" / "webshop"
 
 
-def catalogue_key(num_products: int | None, seed: int, data_dir: str | os.PathLike | None) -> str:
+def catalogue_key(num_products: int | None, seed: int, data_dir: str | os.PathLike | None, goals: str = "auto") -> str:
     """A short hash naming the catalogue defined by these arguments."""
     if data_dir is None:
         spec: dict[str, Any] = {"generated": GENERATOR_VERSION, "num_products": num_products or DEFAULT_NUM_PRODUCTS,
@@ -57,6 +57,8 @@ def catalogue_key(num_products: int | None, seed: int, data_dir: str | os.PathLi
         spec = {"num_products": num_products, "files": {
             k: [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for k, p in files.items() if p is not None
         }}
+    if goals != "auto":  # "auto" keeps the keys of caches built before the switch existed
+        spec["goals"] = goals
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -81,15 +83,15 @@ def _write_catalogue(folder: Path, pairs: Iterator[tuple[dict[str, Any], list[di
     (folder / "catalogue.json").write_text(json.dumps({"num_products": num_products, "num_goals": num_goals}))
 
 
-def _build_folder(final: Path, num_products: int | None, seed: int, data_dir: Any, dense: bool) -> None:
+def _build_folder(final: Path, num_products: int | None, seed: int, data_dir: Any, dense: bool, goals: str) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
     try:
         started = time.perf_counter()
         if data_dir is None:
-            pairs = generate_catalogue(num_products or DEFAULT_NUM_PRODUCTS, seed)
+            pairs = generate_catalogue(num_products or DEFAULT_NUM_PRODUCTS, seed, goals=goals)
         else:
-            pairs = iter_original_products(data_dir, num_products)
+            pairs = iter_original_products(data_dir, num_products, goals=goals)
         _write_catalogue(tmp, pairs)
         store = RecordStore(tmp / "products.jsonl", tmp / "products_offsets.npy")
         build_search_index(iter(store), tmp, len(store), bm25=True, dense=dense)
@@ -164,6 +166,7 @@ class WebShopResource(SharedResource):
         data_dir: str | os.PathLike | None = None,
         search_mode: str = "bm25",
         cache_dir: str | os.PathLike | None = None,
+        goals: str = "auto",
         **_: Any,
     ) -> WebShopResource:
         """Open the cached catalogue for these env kwargs, building it first if needed.
@@ -175,18 +178,20 @@ class WebShopResource(SharedResource):
             data_dir: a folder with the original files; when given they are loaded instead of generating.
             search_mode: "bm25", "dense" or "hybrid".
             cache_dir: the cache root (see `cache_root`).
+            goals: "auto", "human" or "synthetic" (see `WebShopEnv`).
             **_: the env's other kwargs, ignored.
         """
         if search_mode not in SEARCH_MODES:
             raise ValueError(f"webshop: search_mode must be one of {SEARCH_MODES}, got {search_mode!r}")
         if num_products is not None and num_products < 1:
             raise ValueError(f"webshop: num_products must be >= 1, got {num_products}")
-        folder = cache_root(cache_dir) / catalogue_key(num_products, seed, data_dir)
+        folder = cache_root(cache_dir) / catalogue_key(num_products, seed, data_dir, goals)
         if not (folder / "catalogue.json").exists():
-            _build_folder(folder, num_products, seed, data_dir, dense=search_mode != "bm25")
+            _build_folder(folder, num_products, seed, data_dir, dense=search_mode != "bm25", goals=goals)
         if search_mode != "bm25":
             _ensure_dense(folder)
-        build_kwargs = {"num_products": num_products, "seed": seed, "data_dir": data_dir, "cache_dir": cache_dir}
+        build_kwargs = {"num_products": num_products, "seed": seed, "data_dir": data_dir, "cache_dir": cache_dir,
+                        "goals": goals}
         return cls(folder, search_mode, build_kwargs)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
