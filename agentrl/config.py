@@ -120,9 +120,11 @@ class ContextConfig:
     trained on from it.
     """
 
-    observation_role: str = "user"
-    """Role of observations after the first: ``user``, or ``tool`` (Qwen3 then keeps reasoning across turns, so the
-    token prefix holds and turns merge into one sample)."""
+    observation_role: str = "auto"
+    """Role of observations after the first: ``user``, ``tool`` (Qwen3 then keeps reasoning across turns, so the
+    token prefix holds and turns merge into one sample), or ``auto``: the env's hint (`rollout_defaults`) where the
+    model's template needs it to keep the prefix, else ``user`` (see `agentrl.rollout_layout`). A run saves the
+    role it resolved to in config.yaml."""
     recap_actions: int = 0
     """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
     chat_family: str = ""
@@ -136,8 +138,8 @@ class ContextConfig:
     def __post_init__(self) -> None:
         from agentrl.context import OBSERVATION_ROLES
 
-        _require(self.observation_role in OBSERVATION_ROLES, "context.observation_role", self.observation_role,
-                 f"one of {', '.join(OBSERVATION_ROLES)}")
+        _require(self.observation_role in (*OBSERVATION_ROLES, "auto"), "context.observation_role",
+                 self.observation_role, f"one of {', '.join(OBSERVATION_ROLES)}, or auto (the env's hint)")
         _require(self.recap_actions >= 0, "context.recap_actions", self.recap_actions, ">= 0")
         _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
                  "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
@@ -146,6 +148,14 @@ class ContextConfig:
 
             _require(self.chat_family in {**FAMILIES, **ALIASES}, "context.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
+
+    def resolved(self, env_cls: type, tokenizer, family_hint: str | None) -> tuple[ContextConfig, str]:
+        """This context with ``observation_role: auto`` replaced by the concrete role, and one line saying why."""
+        from agentrl.rollout_layout import resolve_observation_role
+
+        role, why = resolve_observation_role(self.observation_role, env_cls, tokenizer, self.chat_kwargs(),
+                                             family=self.chat_family or None, family_hint=family_hint)
+        return dataclasses.replace(self, observation_role=role), why
 
     def chat_kwargs(self) -> dict[str, Any]:
         """Chat-template variables (``enable_thinking`` when set)."""

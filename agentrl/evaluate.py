@@ -464,6 +464,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     trained = training_sampling(cfg.model)
     run_context = training_context(cfg.model)
     context = cfg.context or run_context or ContextConfig()
+    context, _ = context.resolved(spec.load(), policy.tokenizer, policy.family)
     thinking, thinking_source = cfg.thinking, "flag"
     if thinking is None and context.enable_thinking is not None:
         thinking = context.enable_thinking

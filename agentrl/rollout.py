@@ -315,6 +315,11 @@ def run_rollout(
     except KeyboardInterrupt:
         stats.seconds = time.perf_counter() - t_start
         raise RolloutInterrupted(_result(finished, dropped, group_size, env_id, stats)) from None
+    finally:
+        # Episodes never outlive their rollout: prefixes an engine kept for them (HFEngine) can never match again.
+        clear_cache = getattr(engine, "clear_cache", None)
+        if clear_cache is not None:
+            clear_cache()
     stats.seconds = time.perf_counter() - t_start
     return _result(finished, dropped, group_size, env_id, stats)
 

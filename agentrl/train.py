@@ -325,6 +325,12 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         source = str(checkpoint_folder(out)) if resume else cfg.model
         policy = load_model(source, dtype=dtype)
         policy.name = cfg.model
+        # The cheapest context layout that stays correct (one training sample per episode wherever the template
+        # allows), resolved once and saved in config.yaml so that `agentrl eval` rebuilds the same prompts.
+        context, why = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), policy.tokenizer, policy.family)
+        if context != cfg.context:
+            show({"context": f"observations as {context.observation_role} messages ({why})"})
+            cfg = dataclasses.replace(cfg, context=context)
         # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
         backend = _build_backend(cfg, policy, source, _plan_memory(cfg, policy), placement)
         undo.callback(backend.close)

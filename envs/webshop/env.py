@@ -90,6 +90,9 @@ class WebShopEnv(TextEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    # Pages answer the agent's clicks and searches: as tool results they keep Qwen3's token prefix, so an episode
+    # trains as one sample, not one per step (see agentrl.rollout_layout).
+    rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
     shared: ClassVar[type[WebShopResource]] = WebShopResource
 
     def __init__(
