@@ -37,7 +37,7 @@ def keeps_prefix(tokenizer, role: str, chat_kwargs: dict[str, Any] | None = None
     """True when two turns with observations in `role` extend the prompt token for token (no history rewrite)."""
     ctx = ChatContext(tokenizer, "S", chat_kwargs, observation_role=role, **context_options)
     ctx.first_prompt("q1")
-    end = ctx.family.end_of_turn if ctx.family is not None else (tokenizer.eos_token or "")
+    end = ctx.family.end_of_turn[0] if ctx.family is not None else (tokenizer.eos_token or "")
     for turn in range(2):
         reply = tokenizer(_PROBE_REPLY + end, add_special_tokens=False)["input_ids"]
         _, new_segment = ctx.next_prompt(reply, f"o{turn}")

@@ -3,7 +3,7 @@
 import pytest
 
 import agentrl
-from agentrl.config import ConfigError, RolloutConfig
+from agentrl.config import ConfigError, ContextConfig
 from agentrl.rollout_layout import keeps_prefix, resolve_observation_role
 
 
@@ -27,6 +27,6 @@ def test_math_feedback_stays_a_user_message(qwen3_tokenizer):
 
 
 def test_auto_is_the_config_default_and_a_bad_role_names_the_choices():
-    assert RolloutConfig().observation_role == "auto"
+    assert ContextConfig().observation_role == "auto"
     with pytest.raises(ConfigError, match="one of user, tool, or auto"):
-        RolloutConfig(observation_role="robot")
+        ContextConfig(observation_role="robot")
