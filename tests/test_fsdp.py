@@ -101,6 +101,7 @@ def _tiny_fsdp_config(tmp_path, name: str, **overrides):
     return tiny_config(tmp_path, output=str(tmp_path / name), **{"trainer.workers": 2, "save_every": 1} | overrides)
 
 
+@pytest.mark.slow
 def test_killed_trainer_worker_ends_the_run_with_a_resumable_checkpoint(tmp_path, monkeypatch):
     from agentrl.train import Run, TrainingError, train
     from agentrl.training.checkpoint import read_trainer_state
@@ -151,6 +152,7 @@ def _resume_matches_a_straight_run(tmp_path, workers: int) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_single_process_resume_reproduces_the_next_step_exactly(tmp_path):
     _resume_matches_a_straight_run(tmp_path, workers=0)
 
