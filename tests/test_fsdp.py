@@ -202,6 +202,7 @@ def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path):
     assert all(abs(r["kl_k3"]) < 1e-4 for r in rows)
     ckpt = tmp_path / "run" / "checkpoint"
     assert (ckpt / "shards" / ".metadata").exists() and (ckpt / "model.safetensors").exists()
+    assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]  # vLLM reads it
     from agentrl.models import load_model
 
     load_model(str(ckpt))  # the HF-format export loads on its own
