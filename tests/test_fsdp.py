@@ -192,8 +192,11 @@ def test_a_step_that_cannot_fit_a_worker_is_refused_before_the_workers_start(tmp
 
 
 @pytest.mark.slow
-def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path):
-    out = _cli("--env", "math", "--model", "tiny-qwen3", "--trainers", "2", "--steps", "2", "--group-size", "2",
+@pytest.mark.parametrize("model, replay", [("tiny-qwen3", "none"), ("tiny-qwen3-moe", "r3")])
+def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path, model, replay):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {model}\nloss: {{routing_replay: {replay}}}\nrollout: {{enable_thinking: false}}\n")
+    out = _cli("--config", str(config), "--env", "math", "--trainers", "2", "--steps", "2", "--group-size", "2",
                "--prompts-per-step", "2", "--max-new-tokens", "8", "--output", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]
     rows = _rows(tmp_path / "run" / "metrics.jsonl")
@@ -202,7 +205,8 @@ def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path):
     assert all(abs(r["kl_k3"]) < 1e-4 for r in rows)
     ckpt = tmp_path / "run" / "checkpoint"
     assert (ckpt / "shards" / ".metadata").exists() and (ckpt / "model.safetensors").exists()
-    assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]  # vLLM reads it
+    architecture = "Qwen3MoeForCausalLM" if replay == "r3" else "Qwen3ForCausalLM"
+    assert json.loads((ckpt / "config.json").read_text())["architectures"] == [architecture]  # vLLM reads it
     from agentrl.models import load_model
 
     load_model(str(ckpt))  # the HF-format export loads on its own
