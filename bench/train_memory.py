@@ -125,7 +125,8 @@ def main() -> None:
     rows = step_table(args.contexts, args.vocabs, args.limit_gb, args.repeats)
     OUT.mkdir(exist_ok=True)
     (OUT / "train_memory.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{'vocab':>7} {'tokens':>6} | {'full GB':>8} {'s':>6} | {'chunked GB':>10} {'s':>6} | {'est GB':>6} | ratio s")
+    header = f"{'vocab':>7} {'tokens':>6} | {'full GB':>8} {'s':>6} | {'chunked GB':>10} {'s':>6} | {'est GB':>6}"
+    print(f"\n{header} | ratio s")
     for vocab in args.vocabs:
         for n in args.contexts:
             full = next(r for r in rows if r["vocab"] == vocab and r["tokens"] == n and r["path"] == "full")
