@@ -237,6 +237,7 @@ def eval_(
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Compare two eval folders: A B."),
 ) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
+    from agentrl.cluster import ClusterError
     from agentrl.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, evaluate, load_results
     from agentrl.models import UnknownModelError
     from agentrl.registry import UnknownEnvError
@@ -263,7 +264,7 @@ def eval_(
             runners=runners, ray_address=ray_address,
         )
         results = evaluate(cfg)
-    except (EvalError, UnknownModelError, UnknownEnvError) as e:
+    except (EvalError, UnknownModelError, UnknownEnvError, ClusterError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("interrupted; nothing was written", code=130)

@@ -49,8 +49,6 @@ class LockedEngine:
     def __init__(self, engine: Any):
         self.engine = engine
         self._lock = threading.Lock()
-        self.busy_seconds = 0.0
-        """Seconds spent generating so far (the engine busy fraction of a step is its share of the step)."""
 
     @property
     def policy_version(self) -> int:
@@ -60,11 +58,7 @@ class LockedEngine:
     def generate(self, prompts, params: SamplingParams) -> list[Generation]:
         """`engine.generate` under the lock."""
         with self._lock:
-            start = time.perf_counter()
-            try:
-                return self.engine.generate(prompts, params)
-            finally:
-                self.busy_seconds += time.perf_counter() - start
+            return self.engine.generate(prompts, params)
 
     def sync_weights(self, model, policy_version: int) -> None:
         """`engine.sync_weights` under the lock (waits for the generation in progress)."""

@@ -557,7 +557,6 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                    desc=f"{cfg.env.id} x {cfg.model}", unit="step")
         for step in bar:
             t_start = time.perf_counter()
-            busy_start = run.scheduler.engine.busy_seconds
 
             # 1. Rollout (complete groups only: a group whose env kept failing is dropped whole and counted).
             rollout = run.scheduler.rollout(step)
@@ -596,7 +595,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 "padding_waste": padding_waste([len(s.input_ids) for s in samples], micro_batches),
                 **run.routing.metrics(),
                 "rollout_seconds": t_rollout, "step_seconds": step_seconds,
-                "engine_busy_frac": (run.scheduler.engine.busy_seconds - busy_start) / step_seconds,
+                # The share of the step the engine spent generating (async: capped, generation overlaps training).
+                "engine_busy_frac": min(1.0, rollout.stats.generate_seconds / step_seconds),
             }
             metrics |= rollout.stats.metrics() | staleness_metrics(step, trajectories)
             metrics["stale_groups_evicted"] = float(run.scheduler.buffer.evicted)

@@ -91,7 +91,7 @@ def main() -> None:
         two = run(model, 2, args.steps, batches, objective)
         max_diff = max(float((one["weights"][k] - two["weights"][k]).abs().max()) for k in one["weights"])
         norm_rel = max(abs(a - b) / abs(a) for a, b in zip(one["grad_norms"], two["grad_norms"]))
-        params = sum(v.numel() for v in one["weights"].values())
+        params = one["memory"][0]["params"] // 4  # float32 shards of the one worker: tied weights counted once
         row = {
             "parameters": params, "max_weight_diff": max_diff, "grad_norm_rel_diff": norm_rel,
             "step_s_1_worker": one["step_s_median"], "step_s_2_workers": two["step_s_median"],

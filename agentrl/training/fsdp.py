@@ -185,6 +185,9 @@ class TrainerWorker:
         torch.manual_seed(spec.seed)
         policy = load_model(spec.model, dtype=_DTYPES[spec.dtype])
         model = policy.model.to(self.device)
+        # vLLM and other loaders pick the model class from config.json's `architectures`: name the HF class before
+        # fully_shard swaps in its FSDP subclass.
+        model.config.architectures = [type(model).__name__]
         if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mp = MixedPrecisionPolicy(param_dtype=_DTYPES[spec.param_dtype] if spec.param_dtype else None,
@@ -198,7 +201,6 @@ class TrainerWorker:
         self.router = moe_router(model)
         self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs)
         self.optimizer = build_optimizer(model, spec.lr, spec.betas, spec.weight_decay)
-        self.config = policy.model.config
         return {"is_moe": self.router is not None,
                 "parameters": sum(p.numel() for p in model.parameters())}  # this rank's shard
 
