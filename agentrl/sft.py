@@ -10,8 +10,9 @@ samples RL trains on, so the loss mask is RL's: 1 exactly on the agent's own tok
 
 The loss is the mean negative log-likelihood of those tokens over the batch (`sft_loss`). A run folder gets
 metrics.jsonl (one line per optimizer step), curves.png, checkpoint/ (the layout of `agentrl run`, so
-``agentrl run --model RUN/checkpoint`` and ``agentrl eval --model RUN/checkpoint`` take it), sampling.json, and
-eval/ (held-out success through `agentrl.evaluate`).
+``agentrl run --model RUN/checkpoint`` and ``agentrl eval --model RUN/checkpoint`` take it), sft_config.yaml,
+config.yaml (its model, env, rollout and context sections in RL's layout: `agentrl eval` rebuilds the prompts from it),
+sampling.json, summary.json and eval/ (held-out success through `agentrl.evaluate`).
 
 Choices, and why:
     * Only successful expert episodes are kept: a demonstration that fails is not gold. How many were dropped is
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 import yaml
 
-from agentrl.config import ConfigError, EnvConfig, RolloutConfig, _build, _yaml_problem
+from agentrl.config import ConfigError, ContextConfig, EnvConfig, RolloutConfig, _build, _yaml_problem
 from agentrl.context import ChatContext
 from agentrl.core import TextEnv
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
@@ -53,14 +54,15 @@ class SFTError(ValueError):
 class SFTConfig:
     """Everything `agentrl sft` needs.
 
-    The `rollout` section is RL's: the same turn and context budgets, chat family, observation role and thinking mode,
-    so demonstrations are rendered as RL will render the episodes.
+    The `rollout` and `context` sections are RL's: the same turn and context budgets, chat family, observation role
+    and thinking mode, so demonstrations are rendered exactly as RL will render the episodes.
     """
 
     model: str = "smollm2-135m"
     """A built-in, a local Hugging Face folder (a checkpoint included) or a hub id."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
     data: str = ""
     """A JSONL of demonstrations (saved trajectories or chat messages); empty: the env's expert plays."""
     demos: int = 32
@@ -112,18 +114,6 @@ class SFTConfig:
         if not self.data and self.demos < 1:
             raise ConfigError("demos must be >= 1 when no data file is given (the expert plays that many episodes)")
 
-    @property
-    def chat_kwargs(self) -> dict[str, Any]:
-        """Chat-template variables (the thinking switch), as the RL trainer builds them."""
-        thinking = self.rollout.enable_thinking
-        return {} if thinking is None else {"enable_thinking": thinking}
-
-    def context_options(self, family_hint: str | None) -> dict[str, Any]:
-        """Keyword arguments of each episode's `ChatContext`, as the RL trainer builds them."""
-        R = self.rollout
-        return {"family": R.chat_family or None, "family_hint": family_hint, "observation_role": R.observation_role,
-                "recap_actions": R.recap_actions}
-
 
 def load_sft_config(path: str | Path | None = None) -> SFTConfig:
     """Defaults, updated by the YAML file at `path` (if any); errors name the file and the key."""
@@ -152,8 +142,9 @@ def _render(context: ChatContext, messages: list[dict[str, str]], add_generation
         return context.family.render(messages, add_generation_prompt=add_generation_prompt, tools=context.tools,
                                      **context.chat_kwargs)
     extra = {"tools": context.tools} if context.tools else {}
+    kwargs = {k: v for k, v in context.chat_kwargs.items() if k != "strftime_now"}  # as ChatContext renders
     return context.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 **extra, **context.chat_kwargs)
+                                                 **extra, **kwargs)
 
 
 def reply_ids(context: ChatContext, content: str) -> list[int]:
@@ -173,9 +164,10 @@ def reply_ids(context: ChatContext, content: str) -> list[int]:
         raise SFTError(f"the {context.family_name} template does not render an assistant reply after the prompt it "
                        f"gives the model; cannot build demonstration tokens for {content[:60]!r}")
     reply = full[len(prompt):]
-    marker = context.family.end_of_turn if context.family else getattr(context.tokenizer, "eos_token", None)
-    if marker and marker in reply:
-        reply = reply[: reply.index(marker) + len(marker)]
+    markers = context.family.end_of_turn if context.family else (getattr(context.tokenizer, "eos_token", None),)
+    ends = [reply.index(m) + len(m) for m in markers if m and m in reply]
+    if ends:  # the first end-of-turn marker closes the reply; what the template adds after it is the next turn's
+        reply = reply[: min(ends)]
     return context.tokenizer(reply, add_special_tokens=False)["input_ids"]
 
 
@@ -185,17 +177,17 @@ def expert_trajectory(env: TextEnv, env_id: str, seed: int, tokenizer, *, chat_k
     """Play one episode with the env's expert, recorded as the rollout would record a model playing it.
 
     Turns, truncation and the context budget follow `agentrl.rollout.run_rollout`; the env receives the action text
-    a model's reply would give it (`ChatContext.action_text`), so the demonstration is exactly reproducible by the
+    a model's reply would give it (`ChatContext.action_from_reply`), so the demonstration is exactly reproducible by the
     policy. Rollout log-probs are 0 (the expert is not a sampling distribution; SFT does not use them).
     """
     obs, info = env.reset(seed=seed)
     context = ChatContext(tokenizer, env.system_prompt, chat_kwargs, **(context_options or {}))
-    prompt, new_segment = context.first_prompt(obs), False
+    prompt, new_segment = context.first_prompt(obs, info), False
     turns: list[Turn] = []
     success = terminated = truncated = False
     while True:
         generated = reply_ids(context, env.expert_action())
-        action = ChatContext.action_text(tokenizer, generated)
+        action = context.action_from_reply(generated)
         t0 = time.perf_counter()
         obs, reward, terminated, truncated, step_info = env.step(action)
         turns.append(Turn(tuple(prompt), tuple(generated), (0.0,) * len(generated), action, obs, float(reward),
@@ -251,12 +243,13 @@ def conversation_trajectory(messages: Sequence[dict[str, Any]], tokenizer, *, en
         if roles[i] != "assistant":
             raise SFTError(f"conversation {index}, message {i + 1}: expected an assistant reply, got {roles[i]!r}")
         generated = reply_ids(context, str(msgs[i]["content"]))
+        action = context.action_from_reply(generated)
         observation = str(msgs[i + 1]["content"]) if i + 1 < len(msgs) else ""
         if i + 1 < len(msgs) and roles[i + 1] not in ("user", "tool"):
             raise SFTError(f"conversation {index}, message {i + 2}: expected user or tool after an assistant "
                            f"reply, got {roles[i + 1]!r}")
-        turns.append(Turn(tuple(prompt), tuple(generated), (0.0,) * len(generated),
-                          ChatContext.action_text(tokenizer, generated), observation, 0.0, new_segment=new_segment))
+        turns.append(Turn(tuple(prompt), tuple(generated), (0.0,) * len(generated), action, observation, 0.0,
+                          new_segment=new_segment))
         if i + 1 < len(msgs) - 1:  # another assistant reply follows: its prompt includes this observation
             prompt, new_segment = context.next_prompt(generated, observation, role=roles[i + 1])
         i += 2
@@ -363,12 +356,18 @@ def default_sft_dir(cfg: SFTConfig) -> Path:
     return Path("runs") / f"sft-{cfg.env.id}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _context_kwargs(cfg: SFTConfig, policy) -> dict[str, Any]:
+    """`chat_kwargs` and `context_options` for `expert_trajectory`, as RL passes them to its rollouts."""
+    kwargs = cfg.context.rollout_kwargs(policy.family)
+    return {"chat_kwargs": kwargs["chat_kwargs"], "context_options": kwargs["context_options"]}
+
+
 def _demonstrations(cfg: SFTConfig, policy, out: Path) -> tuple[list[Trajectory], dict[str, Any]]:
     """The demonstrations to train on and a summary of where they came from."""
     import agentrl
     from agentrl.records import save_trajectories
 
-    options = dict(chat_kwargs=cfg.chat_kwargs, context_options=cfg.context_options(policy.family))
+    options = _context_kwargs(cfg, policy)
     if cfg.data:
         trajectories = load_demonstrations(cfg.data, policy.tokenizer, **options)
         source = {"source": cfg.data, "episodes": len(trajectories)}
@@ -400,7 +399,7 @@ def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
     played = expert_demonstrations(lambda: agentrl.make(cfg.env.id, **kwargs), cfg.env.id,
                                    range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + cfg.val_demos), policy.tokenizer,
                                    max_turns=cfg.rollout.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
-                                   chat_kwargs=cfg.chat_kwargs, context_options=cfg.context_options(policy.family))
+                                   **_context_kwargs(cfg, policy))
     return [s for t in played if t.success for s in trajectory_to_samples(t, 1.0) if s.num_loss_tokens]
 
 
@@ -450,12 +449,18 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         raise SFTError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
 
     policy = load_model(cfg.model, dtype=getattr(torch, cfg.dtype))
     model, tokenizer = policy.model, policy.tokenizer
+    # `observation_role: auto` resolves exactly as RL resolves it, so demonstrations have RL's sample layout.
+    context, _ = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), tokenizer, policy.family)
+    cfg = dataclasses.replace(cfg, context=context)
+    (out / "sft_config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    # config.yaml in RL's layout: `agentrl eval --model RUN/checkpoint` rebuilds the trained-on prompts from it.
+    (out / "config.yaml").write_text(yaml.safe_dump(
+        {k: dataclasses.asdict(cfg)[k] for k in ("model", "env", "rollout", "context")}, sort_keys=False))
     trajectories, source = _demonstrations(cfg, policy, out)
     samples: list[Sample] = [s for traj in trajectories for s in trajectory_to_samples(traj, 1.0)]
     samples = [s for s in samples if s.num_loss_tokens > 0]
@@ -498,7 +503,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
                 if not torch.isfinite(loss):
                     raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.lr})")
                 loss.backward()
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)) \
                 if cfg.grad_clip > 0 else float("nan")
             optimizer.step()
@@ -518,7 +523,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     val_after = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
     save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, 1, order))
     # `agentrl eval RUN/checkpoint` reads the thinking mode the checkpoint was trained with from here.
-    (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.chat_kwargs}))
+    (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.context.chat_kwargs()}))
     plot_sft_curves(out / "metrics.jsonl", out / "curves.png")
 
     summary: dict[str, Any] = {"demonstrations": source, "samples": len(samples), "steps": step,
@@ -535,7 +540,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
             env_id=cfg.env.id, model=str(out / "checkpoint"), episodes=cfg.eval_episodes,
             env_kwargs={k: v for k, v in cfg.env.kwargs.items() if k != "split"}, max_turns=cfg.rollout.max_turns,
             max_new_tokens=cfg.rollout.max_new_tokens, max_context_tokens=cfg.rollout.max_context_tokens,
-            seed=cfg.seed, thinking=cfg.rollout.enable_thinking, sampling_overrides=overrides,
+            seed=cfg.seed, thinking=cfg.context.enable_thinking, context=cfg.context, sampling_overrides=overrides,
             output=str(out / "eval")), progress=progress)
         summary["eval"] = {"success_rate": results["overall"]["success_rate"],
                            "reward_mean": results["overall"]["reward_mean"], "split": results["env"]["split"]}
