@@ -464,11 +464,12 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     trained = training_sampling(cfg.model)
     run_context = training_context(cfg.model)
     context = cfg.context or run_context or ContextConfig()
+    # Named before resolving ("auto" settings), which builds a new object.
+    context_source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"
     context, _ = context.resolved(spec.load(), policy.tokenizer, policy.family)
     thinking, thinking_source = cfg.thinking, "flag"
     if thinking is None and context.enable_thinking is not None:
-        thinking = context.enable_thinking
-        thinking_source = "training run (config.yaml)" if context is run_context else "context"
+        thinking, thinking_source = context.enable_thinking, context_source
     resolved = official_sampling(policy.generation_config, policy.family, thinking=thinking,
                                  thinking_source=thinking_source, overrides=cfg.sampling_overrides,
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
@@ -511,8 +512,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         "tasks": {"seed_offset": cfg.seed_offset, "episodes": cfg.episodes, "samples_per_task": cfg.n,
                   "ks": list(cfg.ks), "max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens},
         "sampling": resolved.to_dict(),
-        "context": asdict(context) | {"source": "training run (config.yaml)" if context is run_context
-                                      else "--context" if cfg.context else "defaults"},
+        "context": asdict(context) | {"source": context_source},
         "trained_with": trained,
         "confidence": cfg.confidence,
         **summary,

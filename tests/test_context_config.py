@@ -52,7 +52,7 @@ def test_eval_of_a_run_builds_the_runs_prompts_byte_for_byte(tmp_path):
     for traj in evaluated:  # ... and what eval fed the model is byte-identical to it, turn after turn
         assert _replay(policy.tokenizer, policy.family, cfg.context, traj) == [t.prompt_ids for t in traj.turns]
         assert all(len(t.generated_ids) <= 3 for t in traj.turns[1:])  # the run's per-turn budget
-    default = ContextConfig()
+    default = ContextConfig(observation_role="user")  # the defaults, with math's resolved observation role
     assert any(_replay(policy.tokenizer, policy.family, default, t) != [u.prompt_ids for u in t.turns]
                for t in evaluated)  # the settings matter: the default context builds other prompts
 
