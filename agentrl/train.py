@@ -30,7 +30,7 @@ import yaml
 
 import agentrl
 from agentrl.config import ConfigError, RunConfig, config_to_dict
-from agentrl.engine import HFEngine, SamplingParams
+from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss, token_entropy
 from agentrl.records import Sample, save_trajectories
@@ -241,8 +241,19 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             (out / stale).unlink(missing_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     model.train()
-    # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
-    engine = HFEngine(model, tokenizer, batch_size=cfg.rollout.engine_batch_size, capture_routes=router is not None)
+    # The rollout engine(s) own their weights; the scheduler syncs them. Lockstep on one process may share the
+    # training module instead (free sync). MoE rollouts carry the experts the engine chose: R3 replays them, the
+    # other modes measure router agreement.
+    engine_spec = EngineSpec(kind=cfg.rollout.engine, dtype=cfg.rollout.engine_dtype or cfg.dtype,
+                             batch_size=cfg.rollout.engine_batch_size, capture_routes=router is not None,
+                             kv_cache_gib=cfg.rollout.engine_kv_cache_gib, seed=cfg.seed,
+                             max_model_len=cfg.rollout.max_context_tokens + cfg.rollout.max_new_tokens)
+    try:
+        engine = build_engines(engine_spec, policy, replicas=cfg.rollout.engines, ray_address=cfg.rollout.ray_address,
+                               share_module=cfg.rollout.sync_every == 1 and not cfg.rollout.async_rollout,
+                               version=start_step)
+    except EngineError as e:
+        raise TrainingError(str(e)) from None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
     if resume:
@@ -255,7 +266,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     (out / "sampling.json").write_text(json.dumps(
         sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
         default=list))
-    pad_id = engine.pad_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shuffle = torch.Generator().manual_seed(cfg.seed)
     metrics_file = out / "metrics.jsonl"
     R, L = cfg.rollout, cfg.loss
