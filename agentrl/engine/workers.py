@@ -183,12 +183,14 @@ class EngineActorPool:
         except ray.exceptions.RayActorError as e:
             self.close()
             raise EngineError(f"an engine actor could not start: {_cause(e)}") from None
-        self._versions = [int(version)] * replicas  # weights each replica holds
-        self._restoring: dict[Any, int] = {}  # ref of a weight load into a restarted replica -> replica
+        self._restoring: dict[Any, tuple[int, int]] = {}  # weight load into a restarted replica -> (replica, version)
         self._inflight: dict[Any, tuple[EngineRequest, int]] = {}  # result ref -> (request, replica)
         self._held: list[EngineRequest] = []  # submitted while no replica was live
         self._home: OrderedDict[int, int] = OrderedDict()  # session -> replica
+        # The async rollout producer polls while the trainer thread updates the weights.
+        self._lock = threading.RLock()
         self.restarts = 0
+        self.served = [0] * replicas  # results per replica (tests and benchmarks read it)
 
     @property
     def replicas(self) -> int:
@@ -200,7 +202,7 @@ class EngineActorPool:
         return self._actors[index]
 
     def _live(self) -> list[int]:
-        restoring = set(self._restoring.values())
+        restoring = {replica for replica, _ in self._restoring.values()}
         return [i for i in range(len(self._actors)) if i not in restoring]
 
     def _load(self, replica: int) -> int:
@@ -208,6 +210,10 @@ class EngineActorPool:
 
     def submit(self, request: EngineRequest) -> None:
         """Send `request` to its session's replica, or to the least-loaded live one."""
+        with self._lock:
+            self._submit(request)
+
+    def _submit(self, request: EngineRequest) -> None:
         live = self._live()
         if not live:
             self._held.append(request)
@@ -223,6 +229,10 @@ class EngineActorPool:
 
     def poll(self, timeout: float | None = None) -> list[EngineResult]:
         """Finished requests; waits up to `timeout` (None: until one finishes). Lost requests are re-submitted."""
+        with self._lock:
+            return self._poll(timeout)
+
+    def _poll(self, timeout: float | None) -> list[EngineResult]:
         import ray
 
         out: list[EngineResult] = []
@@ -238,16 +248,17 @@ class EngineActorPool:
                     request, replica = self._inflight.pop(ref)
                     try:
                         out.append(ray.get(ref))
+                        self.served[replica] += 1
                     except ray.exceptions.RayActorError as e:
                         self._replica_died(replica, e)
-                        self.submit(request)
+                        self._submit(request)
                     except ray.exceptions.RayTaskError as e:
                         raise EngineError(f"engine replica {replica} failed: {_cause(e)}") from None
             if out or timeout is not None:
                 return out
 
     def _replica_died(self, replica: int, error: Exception) -> None:
-        if replica in self._restoring.values():
+        if replica not in self._live():
             return
         log.warning("engine replica %d died (%s); restarting it with policy version %d", replica,
                     type(error).__name__, self.policy_version)
@@ -259,8 +270,7 @@ class EngineActorPool:
         # Ray restarts the actor from its constructor (the weights it started with); then load the current ones.
         ref = actor.ready.remote() if self._weights_ref is None else actor.update_weights.remote(
             self._weights_ref, self.policy_version)
-        self._restoring[ref] = replica
-        self._versions[replica] = -1
+        self._restoring[ref] = (replica, self.policy_version)
 
     def _check_restored(self) -> None:
         import ray
@@ -269,23 +279,28 @@ class EngineActorPool:
             return
         ready, _ = ray.wait(list(self._restoring), num_returns=len(self._restoring), timeout=0)
         for ref in ready:
-            replica = self._restoring.pop(ref)
+            replica, version = self._restoring.pop(ref)
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:  # died again while restarting: try again
                 self._start_restore(replica)
                 continue
-            self._versions[replica] = self.policy_version
+            if version != self.policy_version:  # new weights came while it restarted: load those too
+                self._start_restore(replica)
         if ready and self._held:
             held, self._held = self._held, []
             for request in held:
-                self.submit(request)
+                self._submit(request)
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Put the tensors in the object store once; every live replica loads them as `version` (waits for all)."""
         import ray
 
         weights = {name: t.detach().cpu().contiguous() for name, t in named_tensors}
+        with self._lock:
+            self._update(ray, weights, version)
+
+    def _update(self, ray: Any, weights: dict[str, Any], version: int) -> None:
         self._weights_ref = ray.put(weights)
         self.policy_version = int(version)
         live = self._live()
@@ -293,7 +308,6 @@ class EngineActorPool:
         for ref, replica in refs.items():
             try:
                 ray.get(ref)
-                self._versions[replica] = int(version)
             except ray.exceptions.RayActorError as e:
                 self._replica_died(replica, e)
 
