@@ -186,3 +186,65 @@ def test_too_little_memory_is_refused_before_starting(folder):
 
     with pytest.raises(EngineError, match="too little memory.*engine_kv_cache_gib"):
         check_servable(folder, kv_cache_gib=100_000)
+
+
+def test_agentrl_run_with_the_vllm_engine_end_to_end(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model", "tiny-qwen3-h64", "--engine", "vllm",
+         "--steps", "2", "--group-size", "2", "--prompts-per-step", "2", "--max-new-tokens", "12", "--output",
+         str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[1]["weight_sync_seconds"] > 0 and all(r["kl_k3"] < 1e-6 for r in rows)  # fp32 engine = trainer
+    versions = {json.loads(line)["policy_version"] for line in (out / "trajectories.jsonl").read_text().splitlines()}
+    assert versions == {0, 1}
+
+
+def test_agentrl_run_refuses_a_head_dim_the_cpu_build_cannot_serve(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model", "tiny-qwen3", "--engine", "vllm",
+         "--steps", "1", "--output", str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "head_dim 16" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "trajectories.jsonl").exists()  # refused before any rollout
+
+
+@pytest.mark.slow
+def test_two_vllm_replicas_serve_one_rollout_and_a_killed_one_is_restarted(policy):
+    """The `tests/test_engine_workers.py` scenario with real vLLM engine actors (slow: three engine starts)."""
+    import ray
+
+    import agentrl
+    from agentrl.engine import SamplingParams
+    from agentrl.engine.factory import EngineSpec, model_files
+    from agentrl.engine.workers import EngineActorPool
+    from agentrl.pool import LocalPool
+    from agentrl.rollout import run_rollout
+
+    pool = EngineActorPool(EngineSpec(kind="vllm", kv_cache_gib=0.5, max_model_len=4096), model_files(policy),
+                           replicas=2, version=0)
+    try:
+        pool.update_weights(policy.model.state_dict().items(), version=3)
+        killed = []
+
+        def kill_once(stats):
+            if stats.generated_tokens and not killed:
+                killed.append(True)
+                ray.kill(pool.actor_handle(0), no_restart=False)
+
+        env_pool = LocalPool(None, slots=1 << 10, make_env=lambda: agentrl.make("alfworld"))
+        result = run_rollout(env_pool, "alfworld", [0, 1, 2], 2, pool, policy.tokenizer,
+                             SamplingParams(max_new_tokens=6, seed=1), max_turns=3, on_progress=kill_once)
+        assert killed and pool.restarts == 1 and min(pool.served) > 0
+        assert len(result.trajectories) == 6 and result.stats.dropped_groups == 0
+        assert all(len(t.turns) == 3 and t.policy_version == 3 for t in result.trajectories)
+        assert pool.metrics()["prefix_cache_hit_rate"] > 0.3
+    finally:
+        pool.close()
