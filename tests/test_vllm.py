@@ -235,14 +235,15 @@ def test_two_vllm_replicas_serve_one_rollout_and_a_killed_one_is_restarted(polic
         killed = []
 
         def kill_once(stats):
-            if stats.generated_tokens and not killed:
+            # Both replicas have answered, and replica 0 has turns in flight: kill it now.
+            if min(pool.served) > 0 and pool.in_flight_on(0) and not killed:
                 killed.append(True)
                 ray.kill(pool.actor_handle(0), no_restart=False)
 
         env_pool = LocalPool(None, slots=1 << 10, make_env=lambda: agentrl.make("alfworld"))
         result = run_rollout(env_pool, "alfworld", [0, 1, 2], 2, pool, policy.tokenizer,
                              SamplingParams(max_new_tokens=6, seed=1), max_turns=3, on_progress=kill_once)
-        assert killed and pool.restarts == 1 and min(pool.served) > 0
+        assert killed and pool.restarts == 1 and pool.resubmitted > 0
         assert len(result.trajectories) == 6 and result.stats.dropped_groups == 0
         assert all(len(t.turns) == 3 and t.policy_version == 3 for t in result.trajectories)
         assert pool.metrics()["prefix_cache_hit_rate"] > 0.3

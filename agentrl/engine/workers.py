@@ -191,6 +191,7 @@ class EngineActorPool:
         self._lock = threading.RLock()
         self.restarts = 0
         self.served = [0] * replicas  # results per replica (tests and benchmarks read it)
+        self.resubmitted = 0  # requests lost with a replica and sent again
 
     @property
     def replicas(self) -> int:
@@ -205,7 +206,8 @@ class EngineActorPool:
         restoring = {replica for replica, _ in self._restoring.values()}
         return [i for i in range(len(self._actors)) if i not in restoring]
 
-    def _load(self, replica: int) -> int:
+    def in_flight_on(self, replica: int) -> int:
+        """Requests sent to `replica` and not answered yet (its load)."""
         return sum(1 for _, r in self._inflight.values() if r == replica)
 
     def submit(self, request: EngineRequest) -> None:
@@ -220,7 +222,7 @@ class EngineActorPool:
             return
         home = self._home.get(request.session)
         if home not in live:
-            home = min(live, key=self._load)
+            home = min(live, key=self.in_flight_on)
             self._home[request.session] = home
             while len(self._home) > 8192:  # sessions are episodes: forget the oldest
                 self._home.popitem(last=False)
@@ -251,6 +253,7 @@ class EngineActorPool:
                         self.served[replica] += 1
                     except ray.exceptions.RayActorError as e:
                         self._replica_died(replica, e)
+                        self.resubmitted += 1
                         self._submit(request)
                     except ray.exceptions.RayTaskError as e:
                         raise EngineError(f"engine replica {replica} failed: {_cause(e)}") from None
