@@ -249,3 +249,15 @@ def test_two_vllm_replicas_serve_one_rollout_and_a_killed_one_is_restarted(polic
         assert pool.metrics()["prefix_cache_hit_rate"] > 0.3
     finally:
         pool.close()
+
+
+def test_moe_routes_are_refused_on_the_cpu_build_with_the_fix(folder):
+    from vllm.platforms import current_platform
+
+    from agentrl.engine import EngineError
+    from agentrl.engine.vllm import VLLMEngine
+
+    if not current_platform.is_cpu():
+        pytest.skip("the GPU build returns routed experts")
+    with pytest.raises(EngineError, match="routed experts.*--engine hf"):
+        VLLMEngine(folder, capture_routes=True, kv_cache_gib=0.5)

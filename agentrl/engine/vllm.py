@@ -15,8 +15,10 @@ What runs where (vLLM 0.32):
   actor per replica (`agentrl.engine.workers`), which is where the overlap with training comes from. vLLM's own
   engine-core process would busy-poll a third process on machines with two cores; measured here, its first step
   stalled for 60 s.
-* MoE routed experts for R3 (``capture_routes=True``) use vLLM's ``enable_return_routed_experts``; see
-  `VLLMEngine` for what the CPU build returns.
+* MoE routed experts for R3 (``capture_routes=True``) use vLLM's ``enable_return_routed_experts``, which vLLM 0.32
+  wires only into its Model Runner V2; that runner needs Triton, which the CPU build lacks (it falls back to the V1
+  runner). So the CPU build cannot return routed experts and the engine refuses ``capture_routes`` there, naming
+  ``--engine hf`` (whose decode loop records them); on the GPU build it is vLLM's own feature (not run here).
 * The GPU build (the ``gpu`` extra) uses the same code; weight sync there goes over vLLM's NCCL weight-transfer
   engine (`agentrl.engine.workers.NcclWeightSync`), which was not run on these CPU machines.
 """
@@ -138,6 +140,13 @@ def check_servable(model_dir: str | Path, *, kv_cache_gib: float, weight_bytes: 
                               f"of weights, twice). Lower rollout.engine_kv_cache_gib, free memory, or use --engine hf")
 
 
+def _reason(error: Exception) -> str:
+    """The line of a vLLM error that says what was refused (config errors wrap it in a validation report)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    told = next((line for line in lines if "Value error" in line), lines[0] if lines else "")
+    return f"{type(error).__name__}: {told}"
+
+
 def _version() -> str:
     import vllm
 
@@ -185,6 +194,11 @@ class VLLMEngine:
 
         kwargs: dict[str, Any] = {}
         if capture_routes:
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                raise EngineError("the vLLM CPU build cannot return MoE routed experts (vLLM needs its Model "
+                                  "Runner V2, which needs Triton): use --engine hf for MoE models on CPU")
             kwargs["enable_return_routed_experts"] = True
         if weight_transfer is not None:
             from vllm.config import WeightTransferConfig
@@ -195,9 +209,8 @@ class VLLMEngine:
                            logprobs_mode="processed_logprobs", max_model_len=max_model_len, seed=seed,
                            gpu_memory_utilization=memory_fraction, kv_cache_memory_bytes=int(kv_cache_gib * GIB),
                            **kwargs)
-        except Exception as e:  # vLLM raises many types; the first line says what it refused
-            raise EngineError(f"vLLM could not start on {self.model_dir}: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        except Exception as e:  # vLLM raises many types; one line says what it refused
+            raise EngineError(f"vLLM could not start on {self.model_dir}: {_reason(e)}") from None
         self._engine = self.llm.llm_engine
         self.capture_routes = capture_routes
         self.stop_token_ids = sorted(_eos_ids(self.model_dir, self.llm.get_tokenizer()))
