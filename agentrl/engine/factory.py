@@ -108,6 +108,8 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
     """
     if replicas < 1:
         raise ValueError(f"engines must be >= 1, got {replicas}")
+    if spec.kind == "vllm":
+        _require_vllm()
     if replicas > 1 or ray_address:
         from agentrl.engine.workers import EngineActorPool
 
@@ -138,13 +140,18 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
     return BatchedRequests(engine)
 
 
-def _check_vllm_here(files: dict[str, bytes], spec: EngineSpec) -> None:
-    from agentrl.engine.vllm import check_servable, vllm_available
+def _require_vllm() -> None:
+    from agentrl.engine.vllm import vllm_available
 
     problem = vllm_available()
     if problem is not None:
         raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
                           f"command, or use --engine hf")
+
+
+def _check_vllm_here(files: dict[str, bytes], spec: EngineSpec) -> None:
+    from agentrl.engine.vllm import check_servable
+
     folder = write_model_files({k: v for k, v in files.items() if not k.endswith(".safetensors")})
     try:
         weights = sum(len(v) for k, v in files.items() if k.endswith(".safetensors"))
