@@ -176,8 +176,9 @@ class EngineActorPool:
         # Engines are not scheduled by CPU count: env runners must still fit beside them on a small machine.
         remote = ray.remote(EngineActor).options(max_restarts=-1, max_task_retries=0, max_concurrency=4096,
                                                  num_cpus=0, num_gpus=gpus)
-        files_ref = ray.put(files)
-        self._actors = [remote.remote(spec, files_ref, version) for _ in range(replicas)]
+        # Held for the pool's life: a replica that Ray restarts reads its constructor arguments again.
+        self._files_ref = ray.put(files)
+        self._actors = [remote.remote(spec, self._files_ref, version) for _ in range(replicas)]
         try:
             ray.get([a.ready.remote() for a in self._actors])
         except ray.exceptions.RayActorError as e:
@@ -190,6 +191,7 @@ class EngineActorPool:
         # The async rollout producer polls while the trainer thread updates the weights.
         self._lock = threading.RLock()
         self.restarts = 0
+        self._restore_failures = [0] * replicas
         self.served = [0] * replicas  # results per replica (tests and benchmarks read it)
         self.resubmitted = 0  # requests lost with a replica and sent again
 
@@ -285,9 +287,13 @@ class EngineActorPool:
             replica, version = self._restoring.pop(ref)
             try:
                 ray.get(ref)
-            except ray.exceptions.RayActorError:  # died again while restarting: try again
+            except ray.exceptions.RayActorError as e:  # died again while restarting: try again, a few times
+                self._restore_failures[replica] += 1
+                if self._restore_failures[replica] > 3:
+                    raise EngineError(f"engine replica {replica} could not be restarted: {_cause(e)}") from None
                 self._start_restore(replica)
                 continue
+            self._restore_failures[replica] = 0
             if version != self.policy_version:  # new weights came while it restarted: load those too
                 self._start_restore(replica)
         if ready and self._held:
