@@ -16,7 +16,9 @@ bias the group-mean advantage). Every retry and drop is counted in `RolloutStats
 
 Determinism: with a deterministic engine (greedy decoding, or any engine whose output depends only on the prompt)
 the trajectories for given seeds do not depend on the number of runners. A sampling engine whose random stream
-depends on the batch (the HF engine draws from one generator per call) gives different samples when batches differ.
+depends on the batch (the HF engine draws from one generator per call) gives different samples when batches differ;
+every request carries its own seed (from the episode, its attempt and its turn), so an engine that seeds per request
+(vLLM) gives the same samples whatever the schedule.
 """
 
 from __future__ import annotations
