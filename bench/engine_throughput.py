@@ -80,6 +80,33 @@ def run_alfworld(engine, tokenizer, concurrency: int, turns: int, params) -> tup
     return result.stats.generated_tokens, result.stats.seconds, steps
 
 
+def measure(rows: list[dict], name: str, engine, dtype: str, args, prompts, tok) -> None:
+    """Every workload x concurrency with one engine; rows are written out as they come."""
+    from agentrl.engine import SamplingParams
+
+    for workload in args.workloads:
+        for concurrency in args.concurrency:
+            if name == "hf":
+                engine.engine.batch_size = concurrency
+            before = load()
+            engine.metrics()  # reset the counters
+            if workload == "single":
+                params = SamplingParams(max_new_tokens=args.max_new_tokens)
+                tokens, seconds = run_single(engine, prompts, concurrency, params)
+                steps = len(prompts)
+            else:
+                params = SamplingParams(max_new_tokens=args.alfworld_new_tokens, seed=0)
+                tokens, seconds, steps = run_alfworld(engine, tok, concurrency, args.turns, params)
+            row = {"engine": name, "dtype": dtype, "workload": workload, "concurrency": concurrency,
+                   "tokens": tokens, "seconds": round(seconds, 2), "tok_per_s": round(tokens / seconds, 1),
+                   "turns": steps, "load_before": before, "load_after": load(),
+                   **{k: round(v, 3) for k, v in engine.metrics().items() if k == "prefix_cache_hit_rate"}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            RESULTS.mkdir(exist_ok=True)
+            (RESULTS / "engine_throughput.json").write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -91,7 +118,7 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["single", "alfworld"])
     args = ap.parse_args()
 
-    from agentrl.engine import HFEngine, SamplingParams
+    from agentrl.engine import HFEngine
     from agentrl.engine.factory import model_files, write_model_files
     from agentrl.engine.requests import BatchedRequests
     from agentrl.engine.vllm import VLLMEngine
@@ -101,37 +128,18 @@ def main() -> None:
     tok = policy.tokenizer
     prompts = single_prompts(tok, 32)
     folder = write_model_files(model_files(policy))
-    rows = []
+    rows: list[dict] = []
     try:
         for dtype in args.dtypes:
-            engines = {
-                "hf": BatchedRequests(HFEngine(policy.model, tok, batch_size=max(args.concurrency),
-                                               dtype=getattr(torch, dtype))),
-                "vllm": VLLMEngine(folder, dtype=dtype, max_model_len=8192, kv_cache_gib=1.0),
-            }
-            for workload in args.workloads:
-                for concurrency in args.concurrency:
-                    for name, engine in engines.items():
-                        if name == "hf":
-                            engine.engine.batch_size = concurrency
-                        before = load()
-                        engine.metrics()  # reset the counters
-                        if workload == "single":
-                            params = SamplingParams(max_new_tokens=args.max_new_tokens)
-                            tokens, seconds = run_single(engine, prompts, concurrency, params)
-                            steps = len(prompts)
-                        else:
-                            params = SamplingParams(max_new_tokens=args.alfworld_new_tokens, seed=0)
-                            tokens, seconds, steps = run_alfworld(engine, tok, concurrency, args.turns, params)
-                        row = {"engine": name, "dtype": dtype, "workload": workload, "concurrency": concurrency,
-                               "tokens": tokens, "seconds": round(seconds, 2), "tok_per_s": round(tokens / seconds, 1),
-                               "turns": steps, "load_before": before, "load_after": load(),
-                               **{k: round(v, 3) for k, v in engine.metrics().items()
-                                  if k == "prefix_cache_hit_rate"}}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-            engines["vllm"].close()
-            del engines
+            # HF rows first, then vLLM's: the vLLM CPU worker binds the process's OpenMP threads when it starts,
+            # which would slow an HF engine measured after it in the same process.
+            hf = BatchedRequests(HFEngine(policy.model, tok, batch_size=max(args.concurrency),
+                                          dtype=getattr(torch, dtype)))
+            measure(rows, "hf", hf, dtype, args, prompts, tok)
+            del hf
+            vllm = VLLMEngine(folder, dtype=dtype, max_model_len=8192, kv_cache_gib=1.0)
+            measure(rows, "vllm", vllm, dtype, args, prompts, tok)
+            vllm.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     ratios = {}

@@ -91,8 +91,9 @@ def main() -> None:
                    "median_s": statistics.median(seconds), "load_before": before, "load_after": os.getloadavg()[0]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "weight_sync.json").write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
+            # Written after every row: a run stopped early (memory on a shared machine) keeps what it measured.
+            RESULTS.mkdir(exist_ok=True)
+            (RESULTS / "weight_sync.json").write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
