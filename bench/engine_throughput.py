@@ -2,8 +2,8 @@
 
 Two workloads, each at 8 and 32 concurrent episodes, in float32 and bfloat16:
 
-* ``single``: 32 math prompts (chat-rendered first observations), one reply each. HF: batches of `concurrency`
-  prompts (lockstep). vLLM: `concurrency` requests in flight, a new one submitted as each finishes.
+* ``single``: 32 (`--prompts`) math prompts (chat-rendered first observations), one reply each. HF: batches of
+  `concurrency` prompts (lockstep). vLLM: `concurrency` requests in flight, a new one submitted as each finishes.
 * ``alfworld``: `concurrency` ALFWorld episodes of up to 10 turns through `run_rollout` (envs in the driver). HF:
   one batch per round of every waiting turn, re-prefilling each whole context; vLLM: each turn its own request,
   prefix-cached. The vLLM rows also report the prefix-cache hit rate.
@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--workloads", nargs="+", default=["single", "alfworld"])
+    ap.add_argument("--prompts", type=int, default=32, help="single-turn prompts")
     args = ap.parse_args()
 
     from agentrl.engine import HFEngine
@@ -126,7 +127,7 @@ def main() -> None:
 
     policy = load_model(args.model)
     tok = policy.tokenizer
-    prompts = single_prompts(tok, 32)
+    prompts = single_prompts(tok, args.prompts)
     folder = write_model_files(model_files(policy))
     rows: list[dict] = []
     try:

@@ -24,6 +24,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -287,6 +288,10 @@ class EngineActorPool:
             replica, version = self._restoring.pop(ref)
             try:
                 ray.get(ref)
+            except ray.exceptions.ActorUnavailableError:  # Ray refuses calls while the actor restarts: ask again
+                time.sleep(0.2)
+                self._start_restore(replica)
+                continue
             except ray.exceptions.RayActorError as e:  # died again while restarting: try again, a few times
                 self._restore_failures[replica] += 1
                 if self._restore_failures[replica] > 3:
