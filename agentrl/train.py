@@ -9,7 +9,13 @@ One step:
      any train-inference mismatch.
   5. updates: the batch splits into `n_minibatches` mini-batches of whole groups; each is one AdamW step,
      accumulated over micro-batches with global denominators, so micro-batch size never changes the gradient.
-  6. metrics (one JSON line per step), the collapse guard, a checkpoint every `save_every` steps.
+  6. metrics (one JSON line per step), a checkpoint every `save_every` steps, the collapse guard.
+
+Where things live (the torchtune split): `set_up` builds and checks everything before a step runs (Ray, placement,
+model, memory plan, training backend, Routing Replay strategy, engine, scheduler); `score_old_policy` and
+`update_policy` are steps 4 and 5; `agentrl.training.metrics` builds the metrics line; `Run.save` and
+`agentrl.training.checkpoint` write checkpoints. The weights and AdamW live behind a `TrainingBackend`
+(`agentrl.training.backend`): in this process (``--trainers 0``) or sharded over FSDP2 Ray workers (``--trainers N``).
 
 Departures from the MiniRL paper, and why: float32 on CPU rather than BF16 training / FP8 rollout; small groups and
 batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must take about a minute.
