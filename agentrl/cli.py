@@ -160,6 +160,57 @@ def run(
     typer.echo(f"run saved in {out} (metrics.jsonl, curves.png, checkpoint/)")
 
 
+@app.command()
+def sft(
+    env: str | None = typer.Option(None, "--env", help="Env id whose expert plays the demonstrations."),
+    model: str | None = typer.Option(None, "--model", help="Built-in model, local HF folder or hub id."),
+    data: Path | None = typer.Option(None, "--data", help="JSONL of saved trajectories or {\"messages\": [...]}."),
+    demos: int | None = typer.Option(None, "--demos", help="Expert episodes to play (unsuccessful ones dropped)."),
+    epochs: int | None = typer.Option(None, "--epochs", help="Passes over the demonstrations."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Samples per optimizer step."),
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Turns per demonstration (as in RL)."),
+    eval_episodes: int | None = typer.Option(None, "--eval-episodes", help="Held-out tasks to evaluate (0 = skip)."),
+    seed: int | None = typer.Option(None, "--seed", help="Run seed."),
+    env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
+    output: Path | None = typer.Option(None, "--output", help="Run folder (default: a new runs/sft-<env>-...)."),
+    config: Path | None = typer.Option(None, "--config", help="YAML SFT config (see configs/*-sft.yaml)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
+) -> None:
+    """Supervised warm start on expert (or given) episodes, with RL's templates and loss masks; checkpoint + eval."""
+    from agentrl.config import ConfigError, _build, config_to_dict
+    from agentrl.models import UnknownModelError, check_model_name
+    from agentrl.registry import UnknownEnvError
+    from agentrl.registry import spec as env_spec
+    from agentrl.sft import SFTConfig, SFTError, load_sft_config, run_sft
+
+    try:
+        cfg = load_sft_config(config)
+        values = config_to_dict(cfg)
+        flags = {"model": model, "data": str(data) if data else None, "demos": demos, "epochs": epochs,
+                 "batch_size": batch_size, "lr": lr, "eval_episodes": eval_episodes, "seed": seed,
+                 "output": str(output) if output else None}
+        values |= {k: v for k, v in flags.items() if v is not None}
+        if env is not None and env != cfg.env.id:
+            values["env"] = {"id": env, "kwargs": {}, "seed_offset": cfg.env.seed_offset}
+        if env_arg:
+            values["env"]["kwargs"] = {**values["env"]["kwargs"], **_parse_kwargs(env_arg)}
+        if max_turns is not None:
+            values["rollout"]["max_turns"] = max_turns
+        cfg = _build(SFTConfig, values)
+        env_spec(cfg.env.id)
+        check_model_name(cfg.model)
+        out = run_sft(cfg, overwrite=overwrite)
+    except (ConfigError, SFTError, UnknownModelError, UnknownEnvError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was checkpointed", code=130)
+    summary = (out / "summary.json").read_text()
+    typer.echo(summary)
+    typer.echo(f"SFT run saved in {out} (metrics.jsonl, curves.png, checkpoint/, eval/); continue with RL: "
+               f"agentrl run --env {cfg.env.id} --model {out / 'checkpoint'}")
+
+
 @app.command("eval")
 def eval_(
     env: str | None = typer.Option(None, "--env", help="Env id (see `agentrl envs list`)."),
@@ -244,7 +295,7 @@ def check_template(
     family: str | None = typer.Option(None, "--family", help="Force a template family instead of detecting it."),
     thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Template thinking switch."),
 ) -> None:
-    """Check a chat template: is it prefix-preserving across turns, which turns split and why, token drift."""
+    """Check a chat template: parity with the official file, which turns rewrite history and why, token drift."""
     from agentrl.models import UnknownModelError
     from agentrl.roundtrip import template_report
     from agentrl.templates import UnknownFamilyError

@@ -3,7 +3,7 @@
 A YAML file mirrors the sections below::
 
     model: smollm2-135m
-    env: {id: math, kwargs: {level: 1}}
+    env: {id: math, kwargs: {level: 2}}
     rollout: {group_size: 8, prompts_per_step: 4, max_new_tokens: 96}
     loss: {name: minirl}
 
@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "EnvConfig", "RolloutConfig", "LossConfig", "OptimConfig", "GuardConfig", "TrainerConfig", "RunConfig",
+    "EnvConfig", "RolloutConfig", "ContextConfig", "LossConfig", "OptimConfig", "GuardConfig", "TrainerConfig",
+    "RunConfig",
     "ConfigError",
     "load_config", "apply_overrides", "config_to_dict",
 ]
@@ -45,8 +46,8 @@ class EnvConfig:
 
     id: str = "math"
     """Registry id (`agentrl envs list`)."""
-    kwargs: dict[str, Any] = field(default_factory=lambda: {"level": 1})
-    """Constructor keyword arguments for the env."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor keyword arguments for the env; what is left out takes the env's own defaults (math: level 1)."""
     seed_offset: int = 0
     """Task seeds of step s are `seed_offset + s * prompts_per_step + i`: every step sees new tasks."""
 
@@ -76,18 +77,6 @@ class RolloutConfig:
     """Nucleus sampling mass (1 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    enable_thinking: bool | None = None
-    """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
-    observation_role: str = "user"
-    """Role of observations after the first: ``user``, or ``tool`` (Qwen3 then keeps reasoning across turns, so the
-    token prefix holds and turns merge into one sample)."""
-    recap_actions: int = 0
-    """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
-    max_new_tokens_by_turn: tuple[int, ...] = ()
-    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
-    chat_family: str = ""
-    """Chat-template family to render with (qwen3, qwen2.5, chatml, deepseek-r1, kimi-k2); empty detects it from the
-    tokenizer, falling back to the tokenizer's own template."""
     engine_batch_size: int = 32
     """Prompts per engine forward pass."""
     runners: int = 0
@@ -111,23 +100,79 @@ class RolloutConfig:
         for name in ("prompts_per_step", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
                      "engine_batch_size", "sync_every"):
             _require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name), ">= 1")
-        for name in ("top_k", "recap_actions", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
+        for name in ("top_k", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
             _require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name), ">= 0")
         # Greedy decoding would give every episode of a group the same reply: zero advantages, nothing to learn.
         _require(self.temperature > 0, "rollout.temperature", self.temperature, "> 0 for training")
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
         _require(self.step_timeout > 0, "rollout.step_timeout", self.step_timeout, "> 0 seconds")
-        _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
-                 "rollout.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
+
+
+CONTEXT_KEYS = ("observation_role", "recap_actions", "chat_family", "max_new_tokens_by_turn", "enable_thinking")
+"""`ContextConfig` fields; older configs set them under ``rollout:``, which still works."""
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """How every turn's prompt is built, one definition for `agentrl run` and `agentrl eval`.
+
+    It is saved in the run's config.yaml, and `agentrl eval --model RUN/checkpoint` rebuilds the prompts the policy
+    trained on from it.
+    """
+
+    observation_role: str = "auto"
+    """Role of observations after the first: ``user``, ``tool`` (Qwen3 then keeps reasoning across turns, so the
+    token prefix holds and turns merge into one sample), or ``auto``: the env's hint (`rollout_defaults`) where the
+    model's template needs it to keep the prefix, else ``user`` (see `agentrl.rollout_layout`). A run saves the
+    role it resolved to in config.yaml."""
+    recap_actions: int = 0
+    """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
+    chat_family: str = ""
+    """Chat-template family to render with (`agentrl.templates.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...); empty
+    detects it from the tokenizer, falling back to the tokenizer's own template."""
+    max_new_tokens_by_turn: tuple[int, ...] = ()
+    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
+    enable_thinking: bool | None = None
+    """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
+
+    def __post_init__(self) -> None:
         from agentrl.context import OBSERVATION_ROLES
 
-        _require(self.observation_role in OBSERVATION_ROLES, "rollout.observation_role", self.observation_role,
-                 f"one of {', '.join(OBSERVATION_ROLES)}")
+        _require(self.observation_role in (*OBSERVATION_ROLES, "auto"), "context.observation_role",
+                 self.observation_role, f"one of {', '.join(OBSERVATION_ROLES)}, or auto (the env's hint)")
+        _require(self.recap_actions >= 0, "context.recap_actions", self.recap_actions, ">= 0")
+        _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
+                 "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         if self.chat_family:
-            from agentrl.templates import FAMILIES
+            from agentrl.templates import ALIASES, FAMILIES
 
-            _require(self.chat_family in FAMILIES, "rollout.chat_family", self.chat_family,
+            _require(self.chat_family in {**FAMILIES, **ALIASES}, "context.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
+
+    def resolved(self, env_cls: type, tokenizer, family_hint: str | None) -> tuple[ContextConfig, str]:
+        """This context with ``observation_role: auto`` replaced by the concrete role, and one line saying why."""
+        from agentrl.rollout_layout import resolve_observation_role
+
+        role, why = resolve_observation_role(self.observation_role, env_cls, tokenizer, self.chat_kwargs(),
+                                             family=self.chat_family or None, family_hint=family_hint)
+        return dataclasses.replace(self, observation_role=role), why
+
+    def chat_kwargs(self) -> dict[str, Any]:
+        """Chat-template variables (``enable_thinking`` when set)."""
+        return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+
+    def rollout_kwargs(self, family_hint: str | None) -> dict[str, Any]:
+        """The keyword arguments `agentrl.rollout.run_rollout` / `collect_trajectories` take for this context.
+
+        Args:
+            family_hint: the loaded model's family (`LoadedModel.family`), tried first when detecting the template.
+        """
+        return {
+            "chat_kwargs": self.chat_kwargs(),
+            "context_options": {"family": self.chat_family or None, "family_hint": family_hint,
+                                "observation_role": self.observation_role, "recap_actions": self.recap_actions},
+            "max_new_tokens_by_turn": self.max_new_tokens_by_turn,
+        }
 
 
 @dataclass
@@ -139,7 +184,19 @@ class LossConfig:
     options: dict[str, Any] = field(default_factory=dict)
     """Loss options (is_cap, eps_low, eps_high, correction, agg, ...); defaults are the loss's own."""
     advantage: str = "group_mean"
-    """Advantage estimator: group_mean (MiniRL), grpo, loo, ..."""
+    """Advantage estimator: group_mean (MiniRL), grpo, loo, low_success_weight, passk, or gigpo (step-level
+    advantages from anchor states shared across the episodes of a task; multi-turn envs)."""
+    advantage_options: dict[str, Any] = field(default_factory=dict)
+    """The estimator's options, e.g. ``{boost: 2.0}`` (low_success_weight), ``{k: 8}`` (passk),
+    ``{gamma: 0.95, step_weight: 1.0, normalize_std: true}`` (gigpo). A group of one response gets advantage 0."""
+    bypass: bool = False
+    """Bypass mode: pi_old = mu, the rollout's own log-probs; the recompute pass is skipped (strictly on-policy runs:
+    the importance ratio is then 1 and the clip acts on pi_theta / mu; kl_k3 reads 0)."""
+    kl_reward_coef: float = 0.0
+    """KL(pi_old || pi_ref) as a reward penalty: R -= coef * sum_t k(log pi_old, log pi_ref) (0: off). A frozen copy
+    of `model` is loaded as the reference only when this or ``options.kl_coef`` is > 0."""
+    kl_reward_estimator: str = "k1"
+    """Estimator of the reward penalty: k1, k2 or k3."""
     n_minibatches: int = 1
     """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
     micro_batch_tokens: int = 8192
@@ -160,13 +217,21 @@ class LossConfig:
     """One training sample per turn instead of merging turns while the token prefix holds."""
 
     def __post_init__(self) -> None:
-        from agentrl.objective import ADVANTAGES, loss_options
+        from agentrl.objective import KL_ESTIMATORS, TURN_ESTIMATORS, check_turn_advantage_options, loss_options
 
         try:  # the loss owns its option names and values: build them once now rather than fail at step 0
             loss_options(self.name, **self.options)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"loss: {e}") from None
-        _require(self.advantage in ADVANTAGES, "loss.advantage", self.advantage, f"one of {', '.join(ADVANTAGES)}")
+        _require(self.advantage in TURN_ESTIMATORS, "loss.advantage", self.advantage,
+                 f"one of {', '.join(TURN_ESTIMATORS)}")
+        try:
+            check_turn_advantage_options(self.advantage, self.advantage_options)
+        except ValueError as e:
+            raise ConfigError(f"loss.advantage_options: {e}") from None
+        _require(self.kl_reward_coef >= 0, "loss.kl_reward_coef", self.kl_reward_coef, ">= 0 (0 = off)")
+        _require(self.kl_reward_estimator in KL_ESTIMATORS, "loss.kl_reward_estimator", self.kl_reward_estimator,
+                 f"one of {', '.join(KL_ESTIMATORS)}")
         _require(self.n_minibatches >= 1, "loss.n_minibatches", self.n_minibatches, ">= 1")
         _require(self.micro_batch_tokens >= 1, "loss.micro_batch_tokens", self.micro_batch_tokens, ">= 1")
         _require(self.micro_batch_size >= 0, "loss.micro_batch_size", self.micro_batch_size, ">= 0 (0 = no cap)")
@@ -175,6 +240,8 @@ class LossConfig:
         _require(self.memory_limit_gb >= 0, "loss.memory_limit_gb", self.memory_limit_gb, ">= 0 (0 = available)")
         _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
                  f"one of {', '.join(ROUTING_REPLAY_MODES)}")
+        _require(not (self.bypass and self.routing_replay == "r2"), "loss.bypass", self.bypass,
+                 "false with routing_replay r2 (R2 replays the experts the pi_old pass records; bypass skips it)")
 
 
 @dataclass
@@ -256,6 +323,7 @@ class RunConfig:
     """A built-in (smollm2-135m, tiny-qwen3, tiny-qwen3-moe), a local Hugging Face folder, or a hub id."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -285,7 +353,7 @@ class RunConfig:
 
             from agentrl.objective import ADVANTAGES
 
-            k = inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default
+            k = self.loss.advantage_options.get("k", inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default)
             _require(self.rollout.group_size >= k, "rollout.group_size", self.rollout.group_size,
                      f">= {k} with loss.advantage passk (pass@{k} needs {k} episodes per group)")
 
@@ -329,7 +397,26 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _move_context_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """Move context keys that older configs set under `rollout:` into `context:`.
+
+    A key set in both places with different values is an error naming it.
+    """
+    rollout = values.get("rollout")
+    if not isinstance(rollout, dict) or not any(k in rollout for k in CONTEXT_KEYS):
+        return values
+    context = dict(values.get("context") or {})
+    for key in CONTEXT_KEYS:
+        if key in rollout:
+            if key in context and context[key] != rollout[key]:
+                raise ConfigError(f"context.{key} is set twice, as rollout.{key} and context.{key}: keep one")
+            context[key] = rollout[key]
+    return values | {"rollout": {k: v for k, v in rollout.items() if k not in CONTEXT_KEYS}, "context": context}
+
+
 def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
+    if cls is RunConfig:
+        values = _move_context_keys(values)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)

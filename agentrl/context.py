@@ -1,6 +1,9 @@
 """Per-episode chat context: each turn's prompt ids, built token-in/token-out, exactly as inference would see them.
 
-Turn k's prompt is the model family's rendering of the history so far (`agentrl.templates`). Two paths:
+Turn k's prompt is the model family's official template rendering the history so far (`agentrl.templates`). Each
+reply is parsed once by the family's parser (`agentrl.parsers`) into a structured message (content, reasoning, tool
+calls), and that structured message is what the template renders in later turns; the engine's ids are kept as they
+are. Two paths:
 
 * The prefix holds (the common case): the ids the engine generated are kept verbatim and only the new text (the
   end of the assistant turn, the observation, the next generation prompt) is rendered and tokenized. For a known
@@ -13,6 +16,10 @@ Turn k's prompt is the model family's rendering of the history so far (`agentrl.
 Whether the prefix holds is always decided on text: the new rendering must start with the previous prompt followed by
 the decoded reply. Tokenizers without a known family (or an explicit ``chat_template``) take the full path every turn.
 
+Tool calling: an env whose reset ``info`` carries ``"tools"`` (JSON-schema declarations) gets them declared to the
+template, its observations sent as ``tool`` messages, and as actions the reply's function calls
+(`ChatContext.action_from_reply`: ``{"name": ..., "arguments": ...}`` JSON).
+
 Agent-loop aids: observations after the first may be sent as ``tool`` messages (Qwen3 then keeps reasoning across
 turns and the prefix holds), and ``recap_actions=k`` repeats the goal and the last k actions in each observation
 (small models lose focus in long episodes); the recap lives in the new message only, so it never breaks the prefix.
@@ -21,10 +28,12 @@ turns and the prefix holds), and ``recap_actions=k`` repeats the goal and the la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from agentrl.templates import FAMILIES, TemplateFamily, get_family
+from agentrl.parsers import ParsedReply
+from agentrl.templates import FAMILIES, TemplateFamily, fixed_clock, get_family
 
 __all__ = ["ChatContext", "ContextStep", "strip_thinking", "detect_family", "recap_text"]
 
@@ -57,16 +66,22 @@ def recap_text(goal: str, actions: list[str], k: int) -> str:
 
 
 @lru_cache(maxsize=64)
-def _detect(template: str, kwargs_key: tuple, hint: str | None) -> str | None:
+def _detect(template: str, kwargs_key: tuple, special_key: tuple, hint: str | None) -> str | None:
     from agentrl.templates import compile_template
 
     names = ([hint] if hint in FAMILIES else []) + [n for n in FAMILIES if n != hint]
-    kwargs = dict(kwargs_key)
+    exact = next((n for n in names if FAMILIES[n].source.strip() == template.strip()), None)
+    if exact is not None:  # the tokenizer ships the official file itself
+        return exact
+    kwargs, special = dict(kwargs_key), dict(special_key)
+    # Rendering with thinking off too tells hybrid templates (Qwen3) from their single-mode relatives (2507).
+    variants = (kwargs, {**kwargs, "enable_thinking": False})
     for name in names:
         family = FAMILIES[name]
         try:
             if all(compile_template(template).render(messages=list(p), add_generation_prompt=True, tools=None,
-                                                     **kwargs) == family.render(p, **kwargs) for p in _PROBES):
+                                                     **{**family.template_vars, **special, **v})
+                   == family.render(p, **v) for p in _PROBES for v in variants):
                 return name
         except Exception:  # a template that cannot render a probe is simply not this family
             continue
@@ -74,10 +89,11 @@ def _detect(template: str, kwargs_key: tuple, hint: str | None) -> str | None:
 
 
 def detect_family(tokenizer, chat_kwargs: dict[str, Any] | None = None, hint: str | None = None) -> str | None:
-    """The registered family whose template renders like the tokenizer's own, or None.
+    """The registered family whose template is, or renders like, the tokenizer's own; None when none does.
 
     Args:
-        tokenizer: a Hugging Face tokenizer.
+        tokenizer: a Hugging Face tokenizer (its ``bos_token`` and ``eos_token`` are passed to the template, as
+            Hugging Face does).
         chat_kwargs: template variables the run uses (they can change the rendering).
         hint: a family to try first (e.g. `LoadedModel.family`); it is still checked, never trusted.
     """
@@ -85,7 +101,9 @@ def detect_family(tokenizer, chat_kwargs: dict[str, Any] | None = None, hint: st
     if not isinstance(template, str):
         return None
     key = tuple(sorted((k, v) for k, v in (chat_kwargs or {}).items() if isinstance(v, (str, int, float, bool))))
-    return _detect(template, key, hint)
+    special = tuple((k, getattr(tokenizer, k)) for k in ("bos_token", "eos_token")
+                    if isinstance(getattr(tokenizer, k, None), str))
+    return _detect(template, key, special, hint)
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,9 @@ def explain_rewrite(seen: str, rendered: str, width: int = 40) -> str:
 class ChatContext:
     """The growing conversation of one episode and its prompt ids.
 
+    Replies are parsed once by the family's parser (`agentrl.parsers`) into structured messages (content,
+    reasoning, tool calls); the history the template renders is that structured one, the engine's ids stay verbatim.
+
     Args:
         tokenizer: a Hugging Face tokenizer.
         system_prompt: the env's instructions; omitted when empty.
@@ -141,6 +162,8 @@ class ChatContext:
             raise ValueError(f"recap_actions must be >= 0, got {recap_actions}")
         self.tokenizer = tokenizer
         self.chat_kwargs = dict(chat_kwargs or {})
+        # One clock per episode: templates that print today's date (gpt-oss, SmolLM3) keep one prompt all along.
+        self.chat_kwargs.setdefault("strftime_now", fixed_clock(datetime.now()))
         self.tools = tools
         self.observation_role = observation_role
         self.recap_actions = recap_actions
@@ -150,16 +173,14 @@ class ChatContext:
         elif "chat_template" in self.chat_kwargs:
             self.family = None
         else:
-            name = detect_family(tokenizer, self.chat_kwargs, family_hint)
+            name = detect_family(tokenizer, chat_kwargs, family_hint)
             self.family = FAMILIES[name] if name else None
-        self.messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self.actions: list[str] = []
         self.goal = ""
         self.last_step = ContextStep(new_segment=False, path="first")
         self._pieces: list[str] = []  # the last prompt's text, in pieces (joined only when a full render needs it)
         self._ids: list[int] = []
-        self._end_markers = tuple(t for t in {self.family.end_of_turn if self.family else None,
-                                              getattr(tokenizer, "eos_token", None)} if t)
 
     @classmethod
     def for_model(cls, loaded, system_prompt: str = "", chat_kwargs: dict[str, Any] | None = None,
@@ -181,32 +202,57 @@ class ChatContext:
 
     # ---- rendering ---------------------------------------------------------------------------------------------
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
+    def _render(self, messages: list[dict[str, Any]]) -> str:
         if self.family is not None:
             return self.family.render(messages, add_generation_prompt=True, tools=self.tools, **self.chat_kwargs)
         extra = {"tools": self.tools} if self.tools else {}
+        kwargs = {k: v for k, v in self.chat_kwargs.items() if k != "strftime_now"}
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  **extra, **self.chat_kwargs)
+                                                  **extra, **kwargs)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
-    def _reply_content(self, reply_text: str, generated_ids) -> str:
+    def parse_reply(self, generated_ids) -> ParsedReply:
+        """The family's parse of `generated_ids` as the reply to the current prompt (end-of-turn markers removed)."""
+        generated_ids = list(generated_ids)
         if self.family is None:  # the tokenizer's own template: let the tokenizer say what is special
-            return self.tokenizer.decode(list(generated_ids), skip_special_tokens=True)
-        content = reply_text
-        stripped = True
-        while stripped:  # an end-of-turn marker (and an eos after it) belongs to the template, not the message
-            stripped = False
-            for marker in self._end_markers:
-                if content.endswith(marker):
-                    content, stripped = content[: -len(marker)], True
-        return content
+            content = self.tokenizer.decode(generated_ids, skip_special_tokens=True)
+            return ParsedReply({"role": "assistant", "content": content}, strip_thinking(content))
+        text = self.tokenizer.decode(generated_ids, skip_special_tokens=False)
+        eos = getattr(self.tokenizer, "eos_token", None)
+        while isinstance(eos, str) and eos and text.endswith(eos) and eos not in self.family.end_of_turn:
+            text = text[: -len(eos)]
+        prompt_tail = self._pieces[-1] if self._pieces else ""
+        return self.family.parse(self.family.strip_end(text), self.family.prefill_of(prompt_tail))
+
+    def action_from_reply(self, generated_ids) -> str:
+        """The action the env receives for `generated_ids`.
+
+        A reply that makes a tool call gives its first call as ``{"name": ..., "arguments": ...}`` JSON (what an
+        env that asked for function calls, with ``info["tools"]`` at reset, parses); a reply without one gives its
+        answer, reasoning and template markup removed.
+        """
+        return self._action(self.parse_reply(generated_ids))
+
+    @staticmethod
+    def _action(parsed: ParsedReply) -> str:
+        return parsed.tool_calls[0].action() if parsed.tool_calls else parsed.content.strip()
 
     # ---- turns -------------------------------------------------------------------------------------------------
 
-    def first_prompt(self, observation: str) -> list[int]:
-        """Prompt ids for the first turn."""
+    def first_prompt(self, observation: str, info: dict[str, Any] | None = None) -> list[int]:
+        """Prompt ids for the first turn.
+
+        Args:
+            observation: the env's first observation.
+            info: the env's reset info; ``info["tools"]`` (JSON-schema tool declarations) asks for tool calling:
+                the tools are declared to the template, later observations are tool messages and actions are the
+                reply's function calls (`action_from_reply`).
+        """
+        if info and info.get("tools"):
+            self.tools = list(info["tools"])
+            self.observation_role = "tool"
         self.goal = observation
         self.messages.append({"role": "user", "content": observation})
         text = self._render(self.messages)
@@ -230,11 +276,16 @@ class ChatContext:
             raise RuntimeError("call first_prompt before next_prompt")
         generated_ids = list(generated_ids)
         reply_text = self.tokenizer.decode(generated_ids, skip_special_tokens=False)
-        content = self._reply_content(reply_text, generated_ids)
-        self.actions.append(strip_thinking(content))
+        parsed = self.parse_reply(generated_ids)
+        self.actions.append(self._action(parsed))
         if self.recap_actions:
             observation += recap_text(self.goal, self.actions, self.recap_actions)
-        new = [{"role": "assistant", "content": content}, {"role": role, "content": observation}]
+        if role == "tool" and self.family is not None and self.family.tool_role_needs_call and not parsed.tool_calls:
+            role = "user"  # the template renders a tool message only as the answer to a call
+        answer: dict[str, Any] = {"role": role, "content": observation}
+        if role == "tool" and parsed.tool_calls and parsed.tool_calls[0].id:
+            answer["tool_call_id"] = parsed.tool_calls[0].id  # Kimi names the call a result answers
+        new = [parsed.message, answer]
 
         delta = self._delta_text(new, reply_text)
         if delta is not None:
@@ -264,10 +315,10 @@ class ChatContext:
         self.last_step = step
         return list(ids), step.new_segment
 
-    def _delta_text(self, new: list[dict[str, str]], reply_text: str) -> str | None:
+    def _delta_text(self, new: list[dict[str, Any]], reply_text: str) -> str | None:
         """The text after the reply when only `new` needs rendering, or None when the full path must decide."""
         family = self.family
-        if family is None or family.rewrites_history(self.messages, new):
+        if family is None or family.anchor is None or family.rewrites_history(self.messages, new, self.chat_kwargs):
             return None
         anchor = [self.messages[i] for i in family.anchor(self.messages)]
         before = self._render(anchor)
@@ -277,5 +328,5 @@ class ChatContext:
 
     @staticmethod
     def action_text(tokenizer, generated_ids) -> str:
-        """The text an env receives for `generated_ids`: special tokens and thinking removed."""
+        """The text an env receives for `generated_ids` without a context: special tokens and thinking removed."""
         return strip_thinking(tokenizer.decode(list(generated_ids), skip_special_tokens=True))

@@ -70,9 +70,14 @@ class TextEnv(gym.Env[str, str]):
             - `"admissible_actions"` (list[str]): the actions valid now, where the env can enumerate them.
             - `"image"` (PIL.Image.Image): a rendering of the state, for multimodal agents.
             - `"task_type"` (str): a category for evaluation breakdowns (math level, ALFWorld task type).
+            - `"tools"` (list[dict], at reset): JSON-schema tool declarations. The env then receives each reply's
+              function call as ``{"name": ..., "arguments": ...}`` JSON and its observations are sent as tool
+              results (`agentrl.context.ChatContext.first_prompt`).
         * `expert_action() -> str`: a gold next action from the current state. Playing it repeatedly from
           `reset` solves the task, so tasks and rewards can be checked without a model.
         * `system_prompt`: what an LLM agent is told about the task format and the action syntax.
+        * `rollout_defaults` (optional): context-layout hints for runs, e.g. ``{"observation_role": "tool"}`` when
+          observations are results of the agent's actions (see `agentrl.rollout_layout`).
 
     Threading: runner pools may step several envs of one process from a thread pool. An env whose state belongs to
     one thread (Playwright's sync API) sets ``metadata["single_thread"] = True`` and all envs of its class in a
@@ -88,6 +93,7 @@ class TextEnv(gym.Env[str, str]):
     action_space: spaces.Space = TextSpace(max_length=10_000)
     system_prompt: ClassVar[str] = "You are an agent acting in a text environment. Reply with one action."
     shared: ClassVar[type[SharedResource] | None] = None
+    rollout_defaults: ClassVar[dict[str, Any]] = {}
 
     # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call
     # `super().reset(seed=seed)` first (it seeds `self.np_random`), then build the episode from `self.np_random`.

@@ -25,20 +25,22 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agentrl.config import ConfigError, ContextConfig, load_config
 from agentrl.engine.base import SamplingParams
-from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, wilson_interval
+from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
 from agentrl.records import Trajectory, save_trajectories
 
 __all__ = [
     "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
-    "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling", "task_counts",
+    "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling",
+    "training_context",
 ]
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -189,6 +191,18 @@ def training_sampling(model: str) -> dict[str, Any] | None:
     return None
 
 
+def training_context(model: str) -> ContextConfig | None:
+    """The context a checkpoint was trained with: ``RUN/config.yaml``'s when `model` is ``RUN/checkpoint``."""
+    path = Path(model).expanduser()
+    saved = path.parent / "config.yaml"
+    if not (path.is_dir() and (path / "trainer_state.json").exists() and saved.exists()):
+        return None
+    try:
+        return load_config(saved).context
+    except ConfigError as e:
+        raise EvalError(f"cannot read the training run's context settings: {e}") from None
+
+
 def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mapping[str, Any],
                   split: str | None) -> tuple[dict[str, Any], str | None]:
     """Add the eval split to the env kwargs where the env takes one.
@@ -239,7 +253,9 @@ class EvalConfig:
         engine_batch_size: prompts per forward pass.
         runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
         ray_address: join this Ray cluster instead of starting a local one.
-        thinking: force thinking on / off; None = the family default (or what the checkpoint trained with).
+        thinking: force thinking on / off; None = what the checkpoint trained with, else the family default.
+        context: how prompts are built (`agentrl.config.ContextConfig`); None = the training run's own (from
+            ``RUN/config.yaml`` when `model` is ``RUN/checkpoint``), else the defaults.
         sampling_overrides: flags overriding the official settings, e.g. ``{"temperature": 1.0}``.
         output: folder for results.json, report.html and trajectories.jsonl.
         confidence: level of every interval.
@@ -262,6 +278,7 @@ class EvalConfig:
     runners: int = 0
     ray_address: str | None = None
     thinking: bool | None = None
+    context: ContextConfig | None = None
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
     output: str = "runs/eval"
     confidence: float = 0.95
@@ -298,16 +315,6 @@ def _episode_row(traj: Trajectory) -> dict[str, Any]:
         "reward": traj.total_return, "turns": len(traj.turns), "tokens": traj.num_generated_tokens,
         "truncated": traj.truncated, "length_cut_turns": sum(t.finish_reason == "length" for t in traj.turns),
     }
-
-
-def task_counts(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """Per task, in task order: (episodes n, successes c)."""
-    counts: dict[int, list[int]] = {}
-    for r in rows:
-        nc = counts.setdefault(r["task"], [0, 0])
-        nc[0] += 1
-        nc[1] += int(r["success"])
-    return [(n, c) for _, (n, c) in sorted(counts.items())]
 
 
 def _block(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: float) -> dict[str, Any]:
@@ -396,8 +403,8 @@ def _print_settings(console, resolved: ResolvedSampling, trained: Mapping[str, A
 
 
 def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolved: ResolvedSampling, engine,
-             policy, env_kwargs: Mapping[str, Any], pool, bar) -> list[Trajectory]:
-    """Play `cfg.n` episodes of every task seed, a chunk of whole tasks at a time."""
+             policy, env_kwargs: Mapping[str, Any], pool, bar, rollout_kwargs: Mapping[str, Any]) -> list[Trajectory]:
+    """Play `cfg.n` episodes of every task seed, a chunk of whole tasks at a time, with `ContextConfig` kwargs."""
     import agentrl
     from agentrl.rollout import collect_trajectories
 
@@ -409,8 +416,7 @@ def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolv
         done_before = bar.n
         got = collect_trajectories(
             lambda: agentrl.make(cfg.env_id, **env_kwargs), cfg.env_id, chunk, cfg.n, engine, policy.tokenizer,
-            params, max_turns=cfg.max_turns, max_context_tokens=cfg.max_context_tokens,
-            chat_kwargs=dict(resolved.chat_kwargs), pool=pool,
+            params, max_turns=cfg.max_turns, max_context_tokens=cfg.max_context_tokens, pool=pool, **rollout_kwargs,
             on_turn=lambda finished, _total, base=done_before: bar.update(base + finished - bar.n),
         )
         trajectories += [replace(t, group_id=first + t.group_id) for t in got]
@@ -456,9 +462,14 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     policy = load_model(cfg.model)
     policy.model.eval()
     trained = training_sampling(cfg.model)
+    run_context = training_context(cfg.model)
+    context = cfg.context or run_context or ContextConfig()
+    # Named before resolving ("auto" settings), which builds a new object.
+    context_source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"
+    context, _ = context.resolved(spec.load(), policy.tokenizer, policy.family)
     thinking, thinking_source = cfg.thinking, "flag"
-    if thinking is None and trained and "enable_thinking" in trained.get("chat_kwargs", {}):
-        thinking, thinking_source = trained["chat_kwargs"]["enable_thinking"], "training run (sampling.json)"
+    if thinking is None and context.enable_thinking is not None:
+        thinking, thinking_source = context.enable_thinking, context_source
     resolved = official_sampling(policy.generation_config, policy.family, thinking=thinking,
                                  thinking_source=thinking_source, overrides=cfg.sampling_overrides,
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
@@ -478,7 +489,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     pool = make_pool(EnvMaker(cfg.env_id, dict(env_kwargs)), cfg.runners, address=cfg.ray_address) \
         if cfg.runners > 0 else None
     try:
-        trajectories = _collect(cfg, seeds, tasks_per_chunk, resolved, engine, policy, env_kwargs, pool, bar)
+        # The training run's context (observation role, recap, family, per-turn budgets), thinking as resolved.
+        rollout_kwargs = replace(context, enable_thinking=resolved.chat_kwargs.get("enable_thinking")).rollout_kwargs(
+            policy.family)
+        trajectories = _collect(cfg, seeds, tasks_per_chunk, resolved, engine, policy, env_kwargs, pool, bar,
+                                rollout_kwargs)
     finally:
         if pool is not None:
             pool.close()
@@ -497,6 +512,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         "tasks": {"seed_offset": cfg.seed_offset, "episodes": cfg.episodes, "samples_per_task": cfg.n,
                   "ks": list(cfg.ks), "max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens},
         "sampling": resolved.to_dict(),
+        "context": asdict(context) | {"source": context_source},
         "trained_with": trained,
         "confidence": cfg.confidence,
         **summary,

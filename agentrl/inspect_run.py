@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,9 @@ class EpisodeStats:
     """The few numbers kept per saved episode.
 
     Attributes:
-        step: the policy version (trainer step) that sampled it.
+        step: the trainer step whose update used it (the key of metrics.jsonl); runs saved before trajectories
+            recorded it fall back to the policy version, which equals it only for lockstep on-policy runs.
+        policy_version: the trainer step whose weights sampled it (step - policy_version = staleness).
         group_id: its group within the step (episodes of one task).
         reward: total return.
         success: the env's verdict.
@@ -51,6 +53,7 @@ class EpisodeStats:
     """
 
     step: int
+    policy_version: int
     group_id: int
     reward: float
     success: bool
@@ -113,7 +116,8 @@ def _episode_stats(d: dict[str, Any]) -> EpisodeStats:
     logprobs = [lp for t in turns for lp in t["rollout_logprobs"]]
     tokens = sum(len(t["generated_ids"]) for t in turns)
     return EpisodeStats(
-        step=int(d.get("policy_version", 0)), group_id=int(d["group_id"]), reward=float(d["total_return"]),
+        step=int(d["train_step"] if d.get("train_step") is not None else d.get("policy_version", 0)),
+        policy_version=int(d.get("policy_version", 0)), group_id=int(d["group_id"]), reward=float(d["total_return"]),
         success=bool(d["success"]), turns=len(turns), tokens=tokens, truncated=bool(d["truncated"]),
         length_cut=any(t.get("finish_reason") == "length" for t in turns),
         neg_logprob=-float(np.mean(logprobs)) if logprobs else float("nan"),
@@ -185,9 +189,9 @@ def summarize_steps(episodes: Sequence[EpisodeStats], metrics: dict[int, dict[st
         eps = by_step[step]
         rewards = np.array([e.reward for e in eps])
         tokens = np.array([e.tokens for e in eps], dtype=float)
-        groups: dict[int, list[float]] = {}
-        for e in eps:
-            groups.setdefault(e.group_id, []).append(e.reward)
+        groups: dict[tuple[int, int], list[float]] = {}
+        for e in eps:  # group ids restart with every rollout: a step may train on rollouts of several versions
+            groups.setdefault((e.policy_version, e.group_id), []).append(e.reward)
         flat = sum(1 for g in groups.values() if len(g) > 1 and max(g) == min(g))
         multi = sum(1 for g in groups.values() if len(g) > 1)
         m = metrics.get(step, {})
@@ -311,8 +315,3 @@ def inspect_run(run_dir: str | Path, *, plot: str | Path | None = None, every: i
     if plot is not None:
         console.print(f"distribution shifts plotted in {plot_shifts(rows, episodes, plot)}")
     return rows
-
-
-def rows_to_json(rows: Sequence[StepSummary]) -> list[dict[str, Any]]:
-    """Plain data of the rows (NaN as None)."""
-    return [{k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(r).items()} for r in rows]

@@ -17,16 +17,27 @@ use their closed forms).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
 __all__ = [
-    "Interval", "pass_at_k", "pass_at_k_per_task", "wilson_interval", "mean_interval", "t_quantile",
+    "Interval", "pass_at_k", "pass_at_k_per_task", "task_counts", "wilson_interval", "mean_interval", "t_quantile",
     "bootstrap_pass_at_k", "newcombe_difference", "welch_difference", "bootstrap_pass_at_k_difference",
 ]
+
+
+def task_counts(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """Per task, in task order: (episodes n, successes c), from episode rows with ``task`` and ``success`` keys."""
+    counts: dict[int, list[int]] = {}
+    for r in rows:
+        nc = counts.setdefault(r["task"], [0, 0])
+        nc[0] += 1
+        nc[1] += int(r["success"])
+    return [(n, c) for _, (n, c) in sorted(counts.items())]
 
 
 @dataclass(frozen=True)

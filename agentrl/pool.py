@@ -69,7 +69,7 @@ SINGLE_THREAD_KEY = "single_thread"
 
 # Only these info keys travel back to the driver: the rollout loop needs nothing else, and an info may hold large
 # objects (screenshots) that would cost a copy per step.
-_INFO_KEYS = ("success", "task_type")
+_INFO_KEYS = ("success", "task_type", "tools")  # "tools": an env asking for function calls
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ class Trajectory:
         terminated: the task ended (solved or failed for good).
         truncated: a budget ran out (the env's, or the rollout's `max_turns`).
         policy_version: the trainer step whose weights sampled this episode.
+        train_step: the trainer step whose update used this episode (None until it is trained on, and in evals);
+            with `sync_every > 1` or async rollouts it is later than `policy_version`. Metrics join on it.
         task_type: the env's `info["task_type"]`, for evaluation breakdowns ("" when absent).
     """
 
@@ -89,6 +91,7 @@ class Trajectory:
     truncated: bool
     policy_version: int = 0
     task_type: str = ""
+    train_step: int | None = None
 
     @property
     def num_generated_tokens(self) -> int:
@@ -108,10 +111,13 @@ class Sample:
         input_ids: the whole sequence.
         loss_mask: 1 exactly on model-generated tokens.
         rollout_logprobs: log mu of each generated token (0 elsewhere).
-        advantage: the trajectory's advantage (shared by all samples split from it).
+        advantage: the trajectory's advantage (shared by all samples split from it); with per-turn advantages, the
+            advantage of the sample's first turn.
         group_id: the trajectory's group.
         policy_version: the trainer step whose weights generated it (staleness = current step - this).
         routed_experts: MoE routing at rollout ``[len(input_ids) - 1, L, K]`` for R3, or None.
+        token_advantages: per token of `input_ids`, the advantage of the turn that generated it (0 elsewhere), when
+            the turns of one sample have different advantages (GiGPO); None means `advantage` for every token.
     """
 
     input_ids: tuple[int, ...]
@@ -121,10 +127,13 @@ class Sample:
     group_id: int
     policy_version: int = 0
     routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
+    token_advantages: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if not (len(self.input_ids) == len(self.loss_mask) == len(self.rollout_logprobs)):
             raise ValueError("input_ids, loss_mask and rollout_logprobs must have the same length")
+        if self.token_advantages is not None and len(self.token_advantages) != len(self.input_ids):
+            raise ValueError("token_advantages must have one entry per input id")
 
     @property
     def num_loss_tokens(self) -> int:

@@ -24,6 +24,7 @@ from agentrl.passk import (
     Interval,
     bootstrap_pass_at_k_difference,
     newcombe_difference,
+    task_counts,
     welch_difference,
 )
 
@@ -297,8 +298,6 @@ def compare_results(a: Mapping[str, Any], b: Mapping[str, Any], confidence: floa
 
     pass@k differences are paired over tasks when A and B ran the same tasks (env, kwargs, split, seeds).
     """
-    from agentrl.evaluate import task_counts
-
     rows_a, rows_b = a["episodes"], b["episodes"]
     out = [_rate_rows("success_rate", rows_a, rows_b, confidence),
            _mean_row("reward_mean", "reward", rows_a, rows_b, confidence)]

@@ -248,7 +248,7 @@ def run_rollout(
             ep.context = ChatContext(tokenizer, res.system_prompt, chat_kwargs, **(context_options or {}))
             ep.first_observation = res.observation
             ep.task_type = str(res.info.get("task_type", ""))
-            ep.prompt = ep.context.first_prompt(res.observation)
+            ep.prompt = ep.context.first_prompt(res.observation, res.info)
             waiting.append(ep)
             return
         stats.env_steps += 1
@@ -301,7 +301,7 @@ def run_rollout(
             for ep, gen in zip(batch, generations):
                 if ep.policy_version is None:
                     ep.policy_version = int(version)
-                action = ChatContext.action_text(tokenizer, gen.token_ids)
+                action = ep.context.action_from_reply(gen.token_ids)
                 stats.generated_tokens += len(gen.token_ids)
                 ep.pending_turn = dict(
                     prompt_ids=tuple(ep.prompt), generated_ids=tuple(gen.token_ids),
@@ -315,6 +315,11 @@ def run_rollout(
     except KeyboardInterrupt:
         stats.seconds = time.perf_counter() - t_start
         raise RolloutInterrupted(_result(finished, dropped, group_size, env_id, stats)) from None
+    finally:
+        # Episodes never outlive their rollout: prefixes an engine kept for them (HFEngine) can never match again.
+        clear_cache = getattr(engine, "clear_cache", None)
+        if clear_cache is not None:
+            clear_cache()
     stats.seconds = time.perf_counter() - t_start
     return _result(finished, dropped, group_size, env_id, stats)
 

@@ -12,13 +12,17 @@ Drift kinds:
         model emitted ``"\n"`` twice where the tokenizer writes one ``"\n\n"``).
     ``merge``: the same text, segmented into different tokens (a non-canonical BPE merge).
 
-`check_conversations` drives a `ChatContext` over whole conversations and reports, per turn, whether the prefix held
-and the drift: the engine behind ``agentrl check-template``.
+`check_conversations` drives a `ChatContext` over given conversations (or a run's saved trajectories) and reports, per
+turn, whether the prefix held and the drift. `check_family` plays generated multi-turn tool-calling episodes of one
+family, each reply written as that family's model writes it, and adds the byte parity of the tokenizer's own template
+with the family's official file and how often the family's stated rewrite rule mispredicted a split. Both are the
+engine behind ``agentrl check-template`` (generated episodes unless ``--conversations`` is given).
 """
 
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -130,11 +134,18 @@ class TemplateReport:
         family: the family used (``custom`` for the tokenizer's own template).
         turns: one report per assistant turn.
         incremental_ok: the incremental rendering always equalled the full rendering.
+        parity: (renderings equal, renderings compared) between the tokenizer's own template and the family's
+            official one, on the checked conversations; None when not compared.
+        rule_misses: turns where the family's stated rewrite rule predicted wrongly whether history was rewritten.
+        rule: the family's rewrite rule, in words.
     """
 
     family: str
     turns: tuple[TurnReport, ...] = field(default_factory=tuple)
     incremental_ok: bool = True
+    parity: tuple[int, int] | None = None
+    rule_misses: int = 0
+    rule: str = ""
 
     @property
     def prefix_breaks(self) -> int:
@@ -157,11 +168,17 @@ class TemplateReport:
 
     def lines(self) -> list[str]:
         """A human-readable report."""
-        out = [f"family: {self.family}",
+        out = [f"family: {self.family}"] + ([f"rewrite rule: {self.rule}"] if self.rule else [])
+        if self.parity is not None:
+            same, total = self.parity
+            out.append(f"byte parity, the tokenizer's own template vs the official {self.family} file: "
+                       f"{same}/{total} conversations")
+        out += [
                f"prefix-preserving: {'yes' if self.prefix_preserving else 'no'} "
                f"({self.prefix_breaks} of {len(self.turns)} turns split)",
                f"incremental rendering equals full rendering: {'yes' if self.incremental_ok else 'NO'}",
-               f"round-trip drift rate: {self.drift_rate:.3f} {self.drift_counts() or ''}".rstrip()]
+               f"round-trip drift rate: {self.drift_rate:.3f} {self.drift_counts() or ''}".rstrip(),
+               f"stated rewrite rule mispredicted: {self.rule_misses} turns"]
         for t in self.turns:
             if t.new_segment:
                 out.append(f"  conversation {t.conversation} turn {t.turn}: split, {t.reason}")
@@ -273,7 +290,7 @@ def check_conversations(tokenizer, conversations: Sequence[dict[str, Any]], *, f
                           observation_role=conv.get("observation_role", "user"), verify=True)
         family_name = ctx.family_name
         prompt = ctx.first_prompt(steps[0]["observation"])
-        end = ctx.family.end_of_turn if ctx.family else (tokenizer.eos_token or "")
+        end = ctx.family.end_of_turn[0] if ctx.family else (tokenizer.eos_token or "")
         for k, step in enumerate(steps):
             generated = tokenizer(step["reply"], add_special_tokens=False)["input_ids"]
             generated += tokenizer(end, add_special_tokens=False)["input_ids"]
@@ -341,6 +358,104 @@ def load_tokenizer(model: str):
     return load_model(model).tokenizer
 
 
+def _template_parity(tokenizer, family, conversations: Sequence[list[dict[str, Any]]],
+                     tools, chat_kwargs: dict[str, Any]) -> tuple[int, int]:
+    """How many of `conversations` the tokenizer's own template renders exactly as the family's official one."""
+    from agentrl.templates import compile_template
+
+    own = getattr(tokenizer, "chat_template", None)
+    if not isinstance(own, str):
+        return 0, 0
+    special = {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token") if isinstance(getattr(tokenizer, k, None),
+                                                                                             str)}
+    same = 0
+    for messages in conversations:
+        theirs = family.render(messages, add_generation_prompt=True, tools=tools, **chat_kwargs)
+        try:
+            mine = compile_template(own).render(messages=list(messages), tools=tools, add_generation_prompt=True,
+                                                **{**family.template_vars, **special, **chat_kwargs})
+        except Exception:  # a template that cannot render the conversation differs from one that can
+            mine = None
+        same += mine == theirs
+    return same, len(conversations)
+
+
+def generated_episode(family, rng: random.Random, turns: int, tools: list[dict] | None,
+                      chat_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """A random multi-turn tool-calling episode as the model of `family` would write it.
+
+    One step per turn, each ``{"reasoning", "content", "calls", "role"}`` (the role of the observation that follows).
+    """
+    from agentrl.parsers import ToolCall
+
+    words = ["look", "go north", "café", "x=1", "search the docs", "你好", "ok"]
+    steps = []
+    for _ in range(turns):
+        calls = [ToolCall("search", {"q": rng.choice(words), "n": rng.randint(1, 9)})
+                 for _ in range(rng.randint(0, min(family.max_tool_calls, 2)) if tools else 0)]
+        content = "" if calls and not family.content_with_calls else rng.choice(words)
+        reasoning = rng.choice(["", "plan the next step", "recall what we saw"]) if family.thinks(chat_kwargs) else ""
+        role = "tool" if calls else rng.choice(["user", "tool"])
+        if role == "tool" and family.tool_role_needs_call and not calls:
+            role = "user"
+        steps.append({"reasoning": reasoning, "content": content, "calls": calls, "role": role})
+    return steps
+
+
+SEARCH_TOOL = {"type": "function", "function": {"name": "search", "description": "Search the web.", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"]}}}
+"""The tool the generated episodes declare."""
+
+
+def check_family(tokenizer, family_name: str, *, episodes: int = 6, turns: int = 4, seed: int = 0,
+                 chat_kwargs: dict[str, Any] | None = None) -> TemplateReport:
+    """Play generated tool-calling episodes of `family_name` through a verifying `ChatContext`.
+
+    Each reply is written as the family's model writes it (`TemplateFamily.write_reply`), tokenized and fed back;
+    the report lists where history was rewritten and why, whether the stated rule predicted it, the replies'
+    round-trip drift, and the byte parity of the tokenizer's own template with the family's official one.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        family_name: the family to check.
+        episodes: how many episodes (half declare a tool, half do not).
+        turns: assistant turns per episode.
+        seed: for the generated conversations.
+        chat_kwargs: template variables (``enable_thinking``, ``thinking``).
+    """
+    from agentrl.context import ChatContext
+    from agentrl.templates import get_family
+
+    family = get_family(family_name)
+    rng = random.Random(seed)
+    kwargs = dict(chat_kwargs or {})
+    reports, finals, misses, ok = [], [], 0, True
+    for c in range(episodes):
+        tools = [SEARCH_TOOL] if c % 2 == 0 else None
+        ctx = ChatContext(tokenizer, "You are a careful agent.", kwargs, family=family.name, tools=tools, verify=True)
+        prompt = ctx.first_prompt("Find the population of the capital of France.")
+        for k, step in enumerate(generated_episode(family, rng, turns, tools, kwargs)):
+            text = family.write_reply(ctx.messages, step["reasoning"], step["content"], step["calls"], tools=tools,
+                                      **ctx.chat_kwargs)
+            generated = tokenizer(text, add_special_tokens=False)["input_ids"]
+            drift = check_roundtrip(tokenizer, prompt, generated).drift
+            old = list(ctx.messages)
+            try:
+                prompt, new_segment = ctx.next_prompt(generated, f"result {k}: 2.1 million", role=step["role"])
+            except AssertionError:
+                ok = False
+                break
+            predicted = family.rewrites_history(old, ctx.messages[len(old) :], ctx.chat_kwargs)
+            misses += predicted != new_segment
+            reports.append(TurnReport(c, k, new_segment, ctx.last_step.reason, drift))
+        finals.append((list(ctx.messages), tools, ctx.chat_kwargs))
+    same = total = 0
+    for messages, tools, kw in finals:
+        s, t = _template_parity(tokenizer, family, [messages], tools, kw)
+        same, total = same + s, total + t
+    return TemplateReport(family.name, tuple(reports), ok, (same, total) if total else None, misses, family.rule)
+
+
 def template_report(model: str, conversations_path: str | Path | None = None, *, family: str | None = None,
                     enable_thinking: bool | None = None) -> TemplateReport:
     """The report `agentrl check-template` prints.
@@ -353,7 +468,14 @@ def template_report(model: str, conversations_path: str | Path | None = None, *,
         enable_thinking: set the template's thinking switch (None keeps its default).
     """
     # The file first: a malformed one is reported at once, before the tokenizer (and transformers) load.
-    conversations = BUILTIN_CONVERSATIONS if conversations_path is None else load_conversations(conversations_path)
+    conversations = None if conversations_path is None else load_conversations(conversations_path)
     tokenizer = load_tokenizer(model)
-    chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    return check_conversations(tokenizer, conversations, family=family, chat_kwargs=chat_kwargs)
+    chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking, "thinking": enable_thinking}
+    if conversations is not None:
+        return check_conversations(tokenizer, conversations, family=family, chat_kwargs=chat_kwargs)
+    from agentrl.context import detect_family
+
+    name = family or detect_family(tokenizer, chat_kwargs)
+    if name is None:  # the tokenizer's own template: replay the built-in conversations through it
+        return check_conversations(tokenizer, BUILTIN_CONVERSATIONS, chat_kwargs=chat_kwargs)
+    return check_family(tokenizer, name, chat_kwargs=chat_kwargs)

@@ -65,6 +65,13 @@ class LockedEngine:
         with self._lock:
             self.engine.sync_weights(model, policy_version)
 
+    def clear_cache(self) -> None:
+        """`engine.clear_cache` under the lock, for engines that keep prefixes between calls (else a no-op)."""
+        clear = getattr(self.engine, "clear_cache", None)
+        if clear is not None:
+            with self._lock:
+                clear()
+
 
 def staleness_metrics(step: int, trajectories: list[Trajectory]) -> dict[str, float]:
     """Mean and max of ``step - policy_version`` over the step's trajectories."""

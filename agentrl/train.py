@@ -9,7 +9,12 @@ One step:
      any train-inference mismatch.
   5. updates: the batch splits into `n_minibatches` mini-batches of whole groups; each is one AdamW step,
      accumulated over micro-batches with global denominators, so micro-batch size never changes the gradient.
-  6. metrics (one JSON line per step), a checkpoint every `save_every` steps, the collapse guard.
+  6. metrics (one JSON line per step), the collapse guard, then a checkpoint every `save_every` steps (with the guard
+     on, of healthy steps only, so a rollback restores the weights and optimizer state of the last healthy step).
+
+Objective options chosen once per run: the loss options (`build_loss_options`), per-turn advantages (GiGPO or any
+episode-level estimator), a frozen reference model only when a KL term asks for it (`agentrl.reference`), bypass
+mode (pi_old = mu: step 4 is skipped), the entropy bonus (the update pass computes the entropy with grad).
 
 Where things live (the torchtune split): `set_up` builds and checks everything before a step runs (Ray, placement,
 model, memory plan, training backend, Routing Replay strategy, engine, scheduler); `score_old_policy` and
@@ -39,11 +44,20 @@ import yaml
 
 import agentrl
 from agentrl.cluster import ClusterError, start_ray
-from agentrl.config import ConfigError, RunConfig, config_to_dict
+from agentrl.config import ConfigError, LossConfig, RunConfig, config_to_dict
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import LoadedModel, load_model
-from agentrl.objective import CollapseGuard, compute_advantages, minibatch_indices, policy_loss
-from agentrl.records import Sample, save_trajectories
+from agentrl.objective import (
+    CollapseGuard,
+    LossOptions,
+    kl_reward_penalty,
+    loss_options,
+    minibatch_indices,
+    policy_loss,
+    turn_advantages,
+)
+from agentrl.records import Sample, Trajectory, save_trajectories
+from agentrl.reference import ReferencePolicy, load_reference
 from agentrl.samples import trajectory_to_samples
 from agentrl.scheduler import RolloutScheduler, staleness_metrics
 from agentrl.training.backend import LossResult, PolicyObjective, TrainerFailure, TrainingBackend
@@ -55,6 +69,7 @@ from agentrl.training.checkpoint import (
     save_checkpoint,
 )
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
+from agentrl.training.logprobs import token_logprobs
 from agentrl.training.memory import MemoryPlan, plan_training_memory
 from agentrl.training.metrics import append_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import collate, pack_by_tokens, padding_waste
@@ -118,6 +133,12 @@ class Run:
     start_step: int
     placement: Placement | None = None
     owns_ray: bool = False
+    objective: LossOptions | None = None
+    """The loss options, built once (`build_loss_options`)."""
+    reference: ReferencePolicy | None = None
+    """The frozen reference model, only when a KL term asks for it."""
+    save_due: bool = False
+    """A checkpoint fell on an unhealthy step and waits for a healthy one."""
 
     def publish_weights(self) -> None:
         """Give the rollout engine the weights just trained (nothing to do when the backend trains in place)."""
@@ -128,6 +149,10 @@ class Run:
         """Checkpoint after `step` (see `agentrl.training.checkpoint`)."""
         state = TrainerState.capture(step, self.backend.name, self.backend.world_size, self.shuffle)
         return save_checkpoint(self.out, self.backend, self.policy, state)
+
+    def restore(self) -> int | None:
+        """Load the weights and the optimizer state of the checkpoint together; the step it holds, or None if none."""
+        return restore_checkpoint(self.out, self.backend, self.publish_weights)
 
     def close(self) -> None:
         """Stop the rollout scheduler, the trainer workers and (when this run started it) Ray."""
@@ -245,7 +270,7 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
     engine = HFEngine(policy.model, policy.tokenizer, batch_size=R.engine_batch_size, capture_routes=is_moe)
     sampling = SamplingParams(temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
                               max_new_tokens=R.max_new_tokens, seed=cfg.seed)
-    chat_kwargs = {} if R.enable_thinking is None else {"enable_thinking": R.enable_thinking}
+    chat_kwargs = cfg.context.chat_kwargs()
     # The settings this run trains with, beside the model's official ones: `agentrl eval` shows both.
     (out / "sampling.json").write_text(json.dumps(
         sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
@@ -259,14 +284,26 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
         step_timeout=R.step_timeout, max_episode_retries=R.max_episode_retries, sync_every=R.sync_every,
         async_rollout=R.async_rollout, max_staleness=R.max_staleness, start_step=start_step, stop_step=cfg.steps,
         rollout_kwargs=dict(
-            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens, chat_kwargs=chat_kwargs,
-            context_options={"family": R.chat_family or None, "family_hint": policy.family,
-                             "observation_role": R.observation_role, "recap_actions": R.recap_actions},
-            max_new_tokens_by_turn=R.max_new_tokens_by_turn,
+            max_turns=R.max_turns, max_context_tokens=R.max_context_tokens,
+            **cfg.context.rollout_kwargs(policy.family),  # the same context `agentrl eval` rebuilds from config.yaml
         ),
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
         progress=show,
     )
+
+
+def restore_checkpoint(out: Path, backend: TrainingBackend, publish) -> int | None:
+    """Load the weights and the optimizer state of `out/checkpoint` into `backend` together, then `publish()` them.
+
+    Returns:
+        The step the checkpoint holds, or None when there is none.
+    """
+    folder = checkpoint_folder(out)
+    if not (folder / "trainer_state.json").exists():
+        return None
+    backend.load(folder)  # weights and optimizer state: a rollback must not keep the collapsed run's moments
+    publish()
+    return read_trainer_state(folder).step
 
 
 def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
@@ -294,6 +331,12 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         source = str(checkpoint_folder(out)) if resume else cfg.model
         policy = load_model(source, dtype=dtype)
         policy.name = cfg.model
+        # The cheapest context layout that stays correct (one training sample per episode wherever the template
+        # allows), resolved once and saved in config.yaml so that `agentrl eval` rebuilds the same prompts.
+        context, why = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), policy.tokenizer, policy.family)
+        if context != cfg.context:
+            show({"context": f"observations as {context.observation_role} messages ({why})"})
+            cfg = dataclasses.replace(cfg, context=context)
         # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
         backend = _build_backend(cfg, policy, source, _plan_memory(cfg, policy), placement)
         undo.callback(backend.close)
@@ -313,7 +356,8 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         undo.pop_all()  # from here on `Run.close` releases them
     G = cfg.guard
     return Run(cfg, out, policy, backend, routing, scheduler, CollapseGuard(G.entropy_min, G.k3_max, G.patience,
-               G.action), shuffle, start_step, placement, owns_ray)
+               G.action), shuffle, start_step, placement, owns_ray, objective=build_loss_options(cfg),
+               reference=load_reference(cfg, getattr(torch, cfg.dtype)))
 
 
 def _micro_batches(samples: list[Sample], members, cfg: RunConfig) -> list[list[int]]:
@@ -322,16 +366,97 @@ def _micro_batches(samples: list[Sample], members, cfg: RunConfig) -> list[list[
                           cfg.loss.micro_batch_size)
 
 
-def make_samples(trajectories: list, cfg: RunConfig) -> tuple[list[Sample], torch.Tensor]:
-    """Advantages within each group of episodes of the same task, then one sample per prefix-consistent run."""
-    L = cfg.loss
+def build_loss_options(cfg: RunConfig) -> LossOptions:
+    """The run's loss options, built once.
+
+    Dr.GRPO's constant divisor defaults to the configured maximum response length (tokens per model call), the same
+    for every micro-batch whatever its padded width.
+    """
+    options = dict(cfg.loss.options)
+    if loss_options(cfg.loss.name, **options).agg == "seq-mean-token-sum-norm":
+        budgets = (cfg.rollout.max_new_tokens, *cfg.context.max_new_tokens_by_turn)
+        options.setdefault("loss_scale_factor", float(max(budgets)))
+    return loss_options(cfg.loss.name, **options)
+
+
+def as_trained(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
+    """The trajectories as step `step` trains them: recording the step, with group ids unique within the step.
+
+    A rollout numbers its groups from 0, so a step that trains on rollouts of several policy versions (async mode)
+    would otherwise merge unrelated groups in the advantage baseline and the mini-batch split.
+    """
+    ids: dict[tuple[int, int], int] = {}
+    return [replace(t, train_step=step, group_id=ids.setdefault((t.policy_version, t.group_id), len(ids)))
+            for t in trajectories]
+
+
+@torch.no_grad()
+def reference_logprobs(reference: ReferencePolicy, samples: list[Sample], pad_id: int,
+                       cfg: RunConfig) -> dict[int, torch.Tensor]:
+    """The reference's log-probs of every sample's next tokens, per sample index `[len - 1]` (one no-grad pass)."""
+    out: dict[int, torch.Tensor] = {}
+    for idx in _micro_batches(samples, range(len(samples)), cfg):
+        logp, _ = token_logprobs(reference.model, collate([samples[i] for i in idx], pad_id))
+        out |= {i: logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
+    return out
+
+
+def kl_penalty_per_trajectory(trajectories: list[Trajectory], ref_logp: dict[int, torch.Tensor],
+                              loss: LossConfig) -> torch.Tensor:
+    """The KL reward penalty of every trajectory `[N_traj]`: coef * sum_t k(log mu, log pi_ref) over its tokens.
+
+    `ref_logp` is indexed like the samples `trajectory_to_samples` makes of the trajectories, in order. The rollout's
+    own log-probs stand for the sampling policy (pi_old = mu up to the training-inference mismatch).
+    """
+    penalties, index = [], 0
+    for traj in trajectories:
+        total = 0.0
+        for s in trajectory_to_samples(traj, 0.0, per_turn=loss.per_turn_samples):
+            mu = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)[None]  # [1, T]
+            mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)[None]  # [1, T]
+            total += float(kl_reward_penalty(mu, ref_logp[index][None], mask, loss.kl_reward_coef,
+                                             loss.kl_reward_estimator))
+            index += 1
+        penalties.append(total)
+    return torch.tensor(penalties)
+
+
+def make_samples(run: Run, trajectories: list[Trajectory],
+                 pad_id: int) -> tuple[list[Sample], torch.Tensor, dict[int, torch.Tensor], dict[str, float]]:
+    """Advantages within each group of episodes of the same task, then one sample per prefix-consistent run.
+
+    One advantage per turn (equal within an episode for the episode-level estimators, per step for GiGPO). With a
+    reference model, it scores the sampled tokens first (its log-probs come back per sample index), and with a KL
+    reward penalty each episode's reward pays coef * sum_t k(mu, pi_ref) before the advantages.
+
+    Returns:
+        The samples, the rewards `[N_traj]` (before any penalty), the reference log-probs and extra metrics.
+    """
+    L = run.cfg.loss
     rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
-    group_ids = torch.tensor([t.group_id for t in trajectories])  # [N_traj]
-    advantages = compute_advantages(L.advantage, rewards, group_ids)  # [N_traj]
+    ref_logp: dict[int, torch.Tensor] = {}
+    extra: dict[str, float] = {}
+    if run.reference is not None:
+        # The samples' token layout does not depend on the advantages: score it before they exist.
+        layout = [s for t in trajectories for s in trajectory_to_samples(t, 0.0, per_turn=L.per_turn_samples)]
+        ref_logp = reference_logprobs(run.reference, layout, pad_id, run.cfg)
+        extra["ref_model_bytes"] = run.reference.memory_bytes
+    if L.kl_reward_coef > 0:
+        penalty = kl_penalty_per_trajectory(trajectories, ref_logp, L)  # [N_traj]
+        trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty.tolist())]
+        extra["kl_reward_penalty_mean"] = float(penalty.mean())
     samples: list[Sample] = []
-    for traj, adv in zip(trajectories, advantages.tolist()):
+    for traj, adv in zip(trajectories, turn_advantages(L.advantage, trajectories, L.advantage_options)):
         samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
-    return samples, rewards
+    return samples, rewards, ref_logp, extra
+
+
+def bypass_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict[int, torch.Tensor], float,
+                                                                              list[list[int]]]:
+    """Bypass mode: pi_old = mu, the rollout's own log-probs; no pass runs (the entropy comes from the updates)."""
+    run.routing.begin_step(len(samples))
+    old_logp = {i: torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) for i, s in enumerate(samples)}
+    return old_logp, float("nan"), _micro_batches(samples, range(len(samples)), run.cfg)
 
 
 def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict[int, torch.Tensor], float,
@@ -356,8 +481,8 @@ def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict
     return old_logp, entropy_sum / max(entropy_tokens, 1.0), chunks
 
 
-def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Tensor], pad_id: int,
-                  step: int) -> tuple[list[LossResult], list[float]]:
+def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Tensor], ref_logp: dict[int, torch.Tensor],
+                  pad_id: int, step: int) -> tuple[list[LossResult], list[float]]:
     """One optimizer step per mini-batch of whole groups, accumulated over micro-batches.
 
     Every micro-batch's loss divides by the whole mini-batch's counts, so neither the micro-batch size nor the
@@ -369,8 +494,11 @@ def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Ten
     groups = torch.tensor([s.group_id for s in samples])
     for members in minibatch_indices(groups, L.n_minibatches, generator=run.shuffle):
         members = members.tolist()
-        objective = PolicyObjective(functools.partial(policy_loss, L.name, **L.options), len(members),
-                                    sum(samples[i].num_loss_tokens for i in members))
+        # The update pass computes the entropy when the loss trains on it (bonus) or no pi_old pass did (bypass).
+        objective = PolicyObjective(functools.partial(policy_loss, L.name, opts=run.objective), len(members),
+                                    sum(samples[i].num_loss_tokens for i in members),
+                                    with_entropy=run.objective.entropy_coef > 0 or L.bypass,
+                                    entropy_grad=run.objective.entropy_coef > 0)
         chunks = _micro_batches(samples, members, run.cfg)
         requests = []
         for idx in chunks:
@@ -378,7 +506,11 @@ def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Ten
             mb = collate(chunk, pad_id)
             width = mb.loss_mask.shape[1]
             mb_old = torch.stack([F.pad(old_logp[i], (0, width - len(old_logp[i]))) for i in idx])  # [n, T]
-            requests.append(run.routing.update_request(idx, chunk, mb, mb_old))
+            request = run.routing.update_request(idx, chunk, mb, mb_old)
+            if ref_logp:  # KL to the reference in the loss
+                request = replace(request, ref_logp=torch.stack([F.pad(ref_logp[i], (0, width - len(ref_logp[i])))
+                                                                 for i in idx]))  # [n, T]
+            requests.append(request)
         done = run.backend.accumulate(requests, objective)
         for idx, request, result in zip(chunks, requests, done):
             if not result.finite:
@@ -434,7 +566,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
 
             # 1. Rollout (complete groups only: a group whose env kept failing is dropped whole and counted).
             rollout = run.scheduler.rollout(step)
-            trajectories = rollout.trajectories
+            trajectories = as_trained(rollout.trajectories, step)
             t_rollout = time.perf_counter() - t_start
             if cfg.save_trajectories:
                 save_trajectories(trajectories, out / "trajectories.jsonl")
@@ -443,22 +575,27 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                           f"last failure: {rollout.stats.failures[-1] if rollout.stats.failures else 'none'}")
                 continue
 
-            # 2-3. Advantages and samples.
-            samples, rewards = make_samples(trajectories, cfg)
+            # 2-3. Advantages (per turn; after the KL reward penalty when there is one) and samples.
+            samples, rewards, ref_logp, objective_metrics = make_samples(run, trajectories, pad_id)
 
-            # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says).
-            old_logp, entropy, micro_batches = score_old_policy(run, samples, pad_id)
+            # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); bypass
+            #    mode takes pi_old = mu instead.
+            old_policy = bypass_old_policy if cfg.loss.bypass else score_old_policy
+            old_logp, entropy, micro_batches = old_policy(run, samples, pad_id)
 
             # 5. Updates, then the engines sample from the new weights.
-            results, grad_norms = update_policy(run, samples, old_logp, pad_id, step)
+            results, grad_norms = update_policy(run, samples, old_logp, ref_logp, pad_id, step)
             run.publish_weights()
             run.scheduler.updated(step)  # async mode: the engine samples from the new weights from now on
 
             # 6. Metrics.
             step_seconds = time.perf_counter() - t_start
+            losses = weighted_mean(results)
+            if cfg.loss.bypass:  # the update pass's entropy (pi_theta = pi_old in the first mini-batch)
+                entropy = losses.pop("policy_entropy")
             metrics = {
                 "step": step, **rollout_metrics(trajectories, rewards), "entropy": entropy,
-                **weighted_mean(results),
+                **losses, **objective_metrics,
                 "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
                 "samples": len(samples), "micro_batches": len(micro_batches),
                 "padding_waste": padding_waste([len(s.input_ids) for s in samples], micro_batches),
@@ -473,20 +610,30 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             show({"reward": f"{metrics['reward_mean']:.2f}", "success": f"{metrics['success_rate']:.2f}",
                   "kl_k3": f"{metrics.get('kl_k3', 0):.1e}"})
 
-            # 7. Checkpoint, then the collapse guard.
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            # 7. The collapse guard judges the step, then the checkpoint: with the guard on, only healthy steps are
+            #    saved, so the checkpoint is always one a rollback may return to (a save due on a bad step waits).
+            verdict = run.guard.update(metrics, step=step) if cfg.guard.enabled else None
+            run.save_due = run.save_due or (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps
+            if run.save_due and (verdict is None or verdict.healthy):
                 run.save(step)
-            if cfg.guard.enabled:
-                verdict = run.guard.update(metrics, step=step)
-                if not verdict.ok:
-                    if cfg.guard.action == "rollback" and (out / CHECKPOINT).exists():
-                        run.backend.load(out / CHECKPOINT, weights_only=True)
-                        run.publish_weights()
-                        run.guard.reset()
-                        bar.write(f"collapse guard: {verdict.reason}; rolled back to {out / CHECKPOINT}")
-                        continue
-                    plot_curves(metrics_file, out / "curves.png")
-                    raise TrainingError(f"collapse guard stopped the run at step {step}: {verdict.reason}")
+                run.save_due = False
+            elif run.save_due:
+                bar.write(f"step {step} not checkpointed: {verdict.reason}; the checkpoint keeps the last healthy "
+                          f"step")
+            if verdict is not None and not verdict.ok:
+                if cfg.guard.action == "rollback":
+                    good = run.restore()
+                    if good is None:
+                        plot_curves(metrics_file, out / "curves.png")
+                        raise TrainingError(f"collapse guard at step {step}: {verdict.reason}; no healthy checkpoint "
+                                            f"to roll back to yet (lower save_every)")
+                    run.scheduler.updated(step)  # async mode: the engine samples from the restored weights
+                    run.guard.reset()
+                    bar.write(f"collapse guard: {verdict.reason}; rolled back to step {good} (weights and optimizer "
+                              f"state of {out / CHECKPOINT})")
+                    continue
+                plot_curves(metrics_file, out / "curves.png")
+                raise TrainingError(f"collapse guard stopped the run at step {step}: {verdict.reason}")
         bar.close()
     except TrainerFailure as e:
         last = read_trainer_state(out / CHECKPOINT).step if (out / CHECKPOINT / "trainer_state.json").exists() else None

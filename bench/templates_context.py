@@ -21,8 +21,7 @@ class FullRerender(ChatContext):
     """The baseline: every turn renders the whole history and tokenizes all of it."""
 
     def next_prompt(self, generated_ids, observation, role=None):
-        content = self._reply_content(self.tokenizer.decode(list(generated_ids)), generated_ids)
-        self.messages += [{"role": "assistant", "content": content}, {"role": "user", "content": observation}]
+        self.messages += [self.parse_reply(generated_ids).message, {"role": "user", "content": observation}]
         text = self._render(self.messages)
         self._pieces, self._ids = [text], self._encode(text)
         return list(self._ids), False

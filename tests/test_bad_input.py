@@ -119,9 +119,9 @@ def test_run_bad_flags(tmp_path, args, fragments):
 @pytest.mark.parametrize("text, fragments", [
     ("rollout: {group_sz: 4}\n", ["unknown config key rollout.'group_sz'", "Did you mean 'group_size'"]),
     ("rollout: {group_size: four}\n", ["rollout.group_size: expected int, got 'four'"]),
-    ("rollout: {enable_thinking: maybe}\n", ["rollout.enable_thinking: expected bool"]),
-    ("rollout: {observation_role: robot}\n", ["rollout.observation_role must be one of user, tool"]),
-    ("rollout: {chat_family: xyz}\n", ["rollout.chat_family", "qwen3"]),
+    ("rollout: {enable_thinking: maybe}\n", ["context.enable_thinking: expected bool"]),
+    ("rollout: {observation_role: robot}\n", ["context.observation_role must be one of user, tool"]),
+    ("rollout: {chat_family: xyz}\n", ["context.chat_family", "qwen3"]),
     ("rollout: {temperature: 0}\n", ["rollout.temperature must be > 0"]),
     ("rollout: {group_size: 4\n", ["not valid YAML", "line 2"]),
     ("loss: {options: {eps_hi: 0.3}}\n", ["unknown option(s) 'eps_hi'", "eps_high"]),

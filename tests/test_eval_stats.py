@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agentrl.evaluate import summarize, task_counts
+from agentrl.evaluate import summarize
 from agentrl.passk import (
     Interval,
     bootstrap_pass_at_k,
@@ -15,6 +15,7 @@ from agentrl.passk import (
     newcombe_difference,
     pass_at_k,
     t_quantile,
+    task_counts,
     welch_difference,
     wilson_interval,
 )

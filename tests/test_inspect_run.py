@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -76,3 +77,31 @@ def test_cli_inspect(run_dir):
     assert "flat grp" in out.stdout
     missing = CliRunner().invoke(app, ["inspect", str(run_dir / "nope")])
     assert missing.exit_code == 2 and "not found" in missing.stderr
+
+
+def test_steps_come_from_the_training_step_not_the_policy_version(tmp_path):
+    # sync_every = 2: steps 0 and 1 train on rollouts of version 0, steps 2 and 3 on version 2. Each step has its own
+    # metrics row (entropy 0.9, 0.8, 0.7, 0.6); the rows must not merge, and each joins its own metrics.
+    for step in range(4):
+        version = step - step % 2
+        reward = float(step % 2)
+        eps = [replace(traj(version, g, reward if i else 0.0, 4), train_step=step) for g in (0, 1) for i in (0, 1)]
+        save_trajectories(eps, tmp_path / "trajectories.jsonl")
+    rows = summarize_steps(list(read_episode_stats(tmp_path / "trajectories.jsonl")),
+                           {s: {"entropy": 0.9 - 0.1 * s} for s in range(4)})
+    assert [r.step for r in rows] == [0, 1, 2, 3]
+    assert [r.episodes for r in rows] == [4, 4, 4, 4]
+    assert [r.entropy for r in rows] == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    assert [r.zero_signal_groups for r in rows] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_async_step_keeps_groups_of_different_versions_apart(tmp_path):
+    # One training step on two rollouts (versions 3 and 4) whose group ids both start at 0: four groups, not two.
+    eps = [replace(traj(v, 0, r, 4), train_step=4) for v, r in ((3, 0.0), (3, 0.0), (4, 1.0), (4, 1.0))]
+    rows = summarize_steps(_stats(tmp_path, eps))
+    assert rows[0].zero_signal_groups == 1.0  # both groups flat; merged they would look mixed (0.0)
+
+
+def _stats(tmp_path, trajectories):
+    save_trajectories(trajectories, tmp_path / "t.jsonl", append=False)
+    return list(read_episode_stats(tmp_path / "t.jsonl"))

@@ -167,3 +167,77 @@ def test_numeric_check_is_fast() -> None:
 def test_docstring_examples(module: object) -> None:
     failures, tried = doctest.testmod(module)  # type: ignore[arg-type]
     assert tried > 0 and failures == 0
+
+
+# ---- the defects of issue 16, one hand-worked case each --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # The Minerva / lm-eval format: the phrase rule used to swallow the sentence ('The final answer is $24').
+        ("Final Answer: The final answer is $24$. I hope it is correct.", "24"),
+        # ... also after boxed intermediate results: the stated final answer wins over the last box.
+        (r"so $0.04 \cdot 100 = \boxed{4}$. Final Answer: The final answer is $10,455$. I hope it is correct.",
+         "10455"),
+        # Prose after "Answer:" is not a value and no longer blocks the fallbacks.
+        ("Answer: we need to be careful here.\nThe total is 7 + 5 = 12 apples.", "12"),
+        ("Final Answer: The largest $n$ is 34.", "34"),
+        # The last math span, not the last number inside it.
+        ("So the ordered pair is $(7, 6)$.", "(7, 6)"),
+        (r"The product is $\begin{pmatrix} 1 & 0 \\ 0 & 1 \end{pmatrix}$.",
+         r"\begin{pmatrix} 1 & 0 \\ 0 & 1 \end{pmatrix}"),
+        ("The solution set is $x \\geq 5$.", "x \\geq 5"),
+        ("We get $a = 3$, so the farmer has 12 apples.", "12"),  # a later number outside math wins
+        ("Since $2 + 3 = 5$, we are done.", "5"),  # arithmetic: the value after "="
+        ("Hence $y = 2x + 1$.", "y = 2x + 1"),  # an equation with variables stays whole
+        ("Thus $x <= 2$ is our answer.", "x \\leq  2"),  # ASCII relations in the LaTeX math-verify reads
+        # Several boxes in a row form one answer; a correction does not.
+        (r"The roots are \boxed{1}, \boxed{2}.", "1, 2"),
+        (r"x = \boxed{1} and x = \boxed{-3}", "-3"),  # "x =" between them: not a bare list
+        # Thousands separators in LaTeX.
+        (r"The population is \boxed{1\,000\,000}.", "1000000"),
+        (r"\boxed{1{,}234}", "1234"),
+        (r"\boxed{32, 349}", "32, 349"),  # comma-space: a list, not 32349
+        # Units and degrees.
+        (r"\boxed{90^\circ}", "90"),
+        (r"\boxed{\text{E}}", "E"),
+        # A bare answer is the whole reply.
+        (r"-\frac{10}{9}", r"-\frac{10}{9}"),
+        ("AZYUK2A", None),  # a digit glued to letters is not a number
+    ],
+)
+def test_issue_16_extraction_defects(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("gold", "predicted", "expected"),
+    [
+        ("1000000", r"1\,000\,000", True),
+        ("1000", "1 000", True),  # a space between groups of three
+        ("32349", "32, 349", False),  # a list
+        (r"\frac{1}{12}", "0.0833333333333333", True),  # decimals compare rounded to 6 places, like math-verify
+        (r"\frac{\sqrt3}{2}", "0.866025", True),  # ... which the symbolic path already did
+        (r"\frac{1}{3}", "0.33", False),  # 0.333333 != 0.330000
+        ("18 dollars", "18", True),  # the gold is cleaned like the prediction
+        (r"\boxed{24}", "24", True),
+        ("$\\frac{1}{2}$", "0.5", True),
+        (r"\boxed{1} and \boxed{2}", "1, 2", True),  # a gold's boxes separated by a word form a list
+        ("\\text{odd}", "odd", True),
+        (None, "4", False),
+        ("", "4", False),
+    ],
+)
+def test_issue_16_equivalence_defects(gold: str | None, predicted: str, expected: bool) -> None:
+    assert answers_match(gold, predicted) is expected  # type: ignore[arg-type]
+
+
+def test_find_answer_names_its_rule_and_strict_reads_only_boxes() -> None:
+    from agentrl.envs.math import find_answer
+
+    assert find_answer(r"so \boxed{4}").rule == "boxed"
+    assert find_answer("work\n#### 4").rule == "hashes"
+    assert find_answer("The answer is 4.").rule == "phrase"
+    assert find_answer("the pair is $(1, 2)$").rule == "math"
+    assert find_answer("so we get 4 apples").rule == "number"
+    assert find_answer("The answer is 4.", strict=True) is None
+    assert find_answer(r"The answer is \boxed{4}.", strict=True).answer == "4"

@@ -167,3 +167,76 @@ def test_gsm8k_expert_scores_one_everywhere() -> None:
         _, info = env.reset(seed=seed)
         assert info["task_type"] == "gsm8k"
         assert env.step(env.expert_action())[1] == 1.0
+
+
+# ---- strict mode, reward configuration, pluggable grading, several golds ----------------------------------------
+def test_strict_mode_counts_only_boxed_answers() -> None:
+    lenient, strict = MathEnv(level=1), MathEnv(level=1, strict=True)
+    for env in (lenient, strict):
+        env.reset(seed=4)
+    gold = lenient.problem.answer
+    # Lenient: the last number of a reply that never states an answer still scores (the complaint).
+    assert lenient.step(f"I computed it and got {gold}")[1] == 1.0
+    obs, reward, terminated, truncated, info = strict.step(f"I computed it and got {gold}")
+    assert (reward, terminated, truncated, info["extracted_answer"]) == (0.0, False, True, None)
+    assert "No final answer found" in obs
+    strict.reset(seed=4)
+    assert strict.step(f"so \\boxed{{{gold}}}")[1] == 1.0
+
+
+def test_reward_configuration_and_format_bonus() -> None:
+    kwargs = {"reward_correct": 2.0, "reward_wrong": -1.0, "reward_no_answer": -0.5, "format_bonus": 0.25}
+    env = MathEnv(level=2, **kwargs)
+    rewards = []
+    for action in ("\\boxed{{{gold}}}", "{gold}", "\\boxed{{{wrong}}}", "{wrong}", "no idea"):
+        env.reset(seed=9)
+        gold = env.problem.answer
+        _, reward, _, _, info = env.step(action.format(gold=gold, wrong=int(gold) + 1))
+        rewards.append((reward, info["followed_format"]))
+    # correct+boxed 2 + 0.25; correct unboxed 2; wrong boxed -1 + 0.25; wrong unboxed -1; no answer -0.5.
+    assert rewards == [(2.25, True), (2.0, False), (-0.75, True), (-1.0, False), (-0.5, False)]
+
+
+def test_pluggable_extractor_and_verifier() -> None:
+    env = MathEnv(level=1, extractor=lambda text: text.split("ANSWER=")[-1].strip() if "ANSWER=" in text else None)
+    env.reset(seed=2)
+    assert env.step(f"ANSWER={env.problem.answer}")[1] == 1.0
+    env = MathEnv(level=1, extractor="boxed")  # by name: the strict extractor
+    env.reset(seed=2)
+    assert env.step(f"The answer is {env.problem.answer}.")[4]["extracted_answer"] is None
+    env = MathEnv(level=1, verifier="exact")
+    env.reset(seed=2)
+    assert env.step(f"\\boxed{{{env.problem.answer}.0}}")[1] == 1.0  # exact still compares numbers as numbers
+    # An import path works too, and unknown names say what exists.
+    env = MathEnv(level=1, verifier="agentrl.envs.math.equivalence:answers_match")
+    env.reset(seed=2)
+    assert env.step(f"\\boxed{{{env.problem.answer}}}")[1] == 1.0
+    with pytest.raises(ValueError, match=r"unknown verifier 'sympy'.*'default', 'exact'"):
+        MathEnv(verifier="sympy")
+    with pytest.raises(ValueError, match="cannot import extractor"):
+        MathEnv(extractor="no_such_module:f")
+    with pytest.raises(ValueError, match="reward correct must be a finite number"):
+        MathEnv(reward_correct=float("nan"))
+
+
+def test_registered_extractor_is_found_by_name() -> None:
+    from agentrl.envs.math import EXTRACTORS, register_extractor
+
+    register_extractor("last-word", lambda text: text.split()[-1] if text.split() else None)
+    try:
+        env = MathEnv(level=1, extractor="last-word")
+        env.reset(seed=1)
+        assert env.step(f"it is {env.problem.answer}")[1] == 1.0
+    finally:
+        EXTRACTORS.pop("last-word")
+
+
+def test_several_acceptable_gold_answers(tmp_path: Path) -> None:
+    path = tmp_path / "alt.jsonl"
+    path.write_text(json.dumps({"problem": "Half of one?", "answer": ["\\frac{1}{2}", "one half"]}) + "\n")
+    env = MathEnv(source=path)
+    env.reset(seed=0)
+    assert env.problem.golds == ("\\frac{1}{2}", "one half")
+    assert env.step("\\boxed{one half}")[1] == 1.0
+    env.reset(seed=0)
+    assert env.step("\\boxed{0.5}")[1] == 1.0

@@ -132,3 +132,82 @@ def test_generator_docstring_examples() -> None:
     for module in (generator, problems):
         failures, _ = doctest.testmod(module)
         assert failures == 0
+
+
+DAPO_PROMPT = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+    "Find the sum of all positive integers $n$ such that $n^2 < 10$.\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+
+
+def _dapo(ground_truth: object = "6", index: int = 7) -> dict:
+    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": DAPO_PROMPT}], "ability": "MATH",
+            "reward_model": {"ground_truth": ground_truth, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": index}}
+
+
+def test_load_dapo_math_layout(tmp_path: Path) -> None:
+    (problem,) = load_problems(_write(tmp_path / "dapo.jsonl", [json.dumps(_dapo())]))
+    # DAPO's own answer-format paragraphs are dropped: the env asks for \boxed{} itself.
+    assert problem.question == "Find the sum of all positive integers $n$ such that $n^2 < 10$."
+    assert (problem.answer, problem.id, problem.source, problem.type) == ("6", "7", "dapo", "math_dapo")
+    (listed,) = load_problems(_write(tmp_path / "dapo2.jsonl", [json.dumps(_dapo(["6", "six"]))]))
+    assert listed.golds == ("6", "six")
+
+
+def test_load_aime_math500_and_bare_answer_layouts(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({"ID": "2024-I-1", "Problem": "Find the answer.", "Answer": 204, "Solution": "..."}),
+        json.dumps({"problem": "Compute it.", "solution": "So $\\boxed{3}$.", "answer": "3", "subject": "Algebra",
+                    "level": 2, "unique_id": "test/algebra/1.json"}),
+        json.dumps({"question": "What is 6 times 7?", "answer": "42"}),
+        json.dumps({"question": "Half of one?", "answer": "\\frac{1}{2}", "answers": ["0.5"]}),
+    ]
+    aime, math500, bare, alternatives = load_problems(_write(tmp_path / "mix.jsonl", lines))
+    assert (aime.id, aime.question, aime.answer, aime.source) == ("2024-I-1", "Find the answer.", "204", "math")
+    assert (math500.type, math500.level, math500.id) == ("Algebra", "2", "test/algebra/1.json")
+    assert (bare.answer, bare.source) == ("42", "gsm8k")
+    assert alternatives.golds == ("\\frac{1}{2}", "0.5")
+
+
+def test_load_json_list_and_parquet(tmp_path: Path) -> None:
+    records = [{"problem": "1+1?", "answer": "2"}, _dapo("5", index=3)]
+    from_json = load_problems(_write(tmp_path / "p.json", [json.dumps(records)]))
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([records[0]]), tmp_path / "a.parquet")
+    pq.write_table(pa.Table.from_pylist([records[1]]), tmp_path / "b.parquet")
+    from_parquet = load_problems(tmp_path / "a.parquet") + load_problems(tmp_path / "b.parquet")
+    assert [p.answer for p in from_json] == [p.answer for p in from_parquet] == ["2", "5"]
+    assert from_parquet[1].question == from_json[1].question
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("d.jsonl", json.dumps({"prompt": [{"role": "user", "content": "x"}], "reward_model": {}}) + "\n",
+         r"d\.jsonl:1: DAPO record needs 'reward_model'"),
+        ("e.jsonl", json.dumps({"problem": "x", "answer": ""}) + "\n", r"e\.jsonl:1: 'answer' is empty"),
+        ("b.jsonl", json.dumps({"problem": "x", "answer": True}) + "\n", r"b\.jsonl:1: 'answer' must be a string"),
+        ("l.json", json.dumps([{"problem": "x", "answer": "1"}, {"nothing": 1}]), r"l\.json:item 2: unknown format"),
+        ("n.json", json.dumps({"problem": "x"}), r"n\.json: a \.json problems file must hold a list"),
+    ],
+)
+def test_loader_errors_name_file_and_record(tmp_path: Path, name: str, content: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        load_problems(path)
+
+
+def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"problem": "a", "answer": "1"}, {"problem": "", "answer": "2"}]),
+                   tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet:row 2: MATH 'problem' must be a non-empty string"):
+        load_problems(tmp_path / "bad.parquet")

@@ -72,3 +72,12 @@ def test_guard_errors_are_clear():
     with pytest.raises(KeyError, match="needs metric 'entropy'"):
         CollapseGuard().update({"kl_k3": 0.0})
     assert CollapseGuard(entropy_min=None).update({"kl_k3": 0.0}).ok  # disabled checks need no metric
+
+
+def test_guard_verdict_says_whether_this_step_is_healthy():
+    guard = CollapseGuard(entropy_min=0.5, k3_max=None, patience=2, action="rollback")
+    assert guard.update({"entropy": 1.0}).healthy
+    bad = guard.update({"entropy": 0.1})
+    assert bad.ok and not bad.healthy and bad.last_good_step == 0  # within patience, but not checkpoint material
+    tripped = guard.update({"entropy": 0.1})
+    assert not tripped.ok and tripped.last_good_step == 0 and "roll back to step 0" in tripped.reason

@@ -98,8 +98,9 @@ def test_ratio_exactly_on_the_boundary_is_kept():
 def test_ppo_clip_losses_zero_gradient_exactly_where_minirl_masks(name):
     logp, old, rollout, adv, mask = _random_batch(seed=2)
     logp = old + (logp - old) * 3  # push many ratios out of the band
-    opts = loss_options(name)
-    grad = _grad(name, logp, old, rollout, adv, mask)
+    extra = {"loss_scale_factor": 7} if name == "dr_grpo" else {}
+    opts = loss_options(name, **extra)
+    grad = _grad(name, logp, old, rollout, adv, mask, **extra)
     r = (logp - old).exp()
     a = adv.unsqueeze(1).expand_as(r)
     clipped = ((a > 0) & (r > 1 + opts.eps_high)) | ((a < 0) & (r < 1 - opts.eps_low))
@@ -183,21 +184,28 @@ def test_aggregation_identities_for_unit_loss():
     assert aggregate(ones, mask, "token-mean").item() == 1.0
     assert aggregate(ones, mask, "seq-mean-token-sum").item() == 2.0  # mean |y|
     assert aggregate(ones, mask, "seq-mean-token-mean").item() == 1.0
-    assert aggregate(ones, mask, "seq-mean-token-sum-norm").item() == 1.0  # 4 tokens / T = 4
+    assert aggregate(ones, mask, "seq-mean-token-sum-norm", loss_scale_factor=8).item() == 0.5  # 4 tokens / 8
+    with pytest.raises(ValueError, match="loss_scale_factor"):  # never the padded width: it varies by micro-batch
+        aggregate(ones, mask, "seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="unknown aggregation mode"):
         aggregate(ones, mask, "token-sum")
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_micro_batches_with_global_denominators_match_one_pass(name):
+    # The trainer pads each micro-batch to its own longest sample, so the micro-batches here are trimmed to their own
+    # widths: a divisor taken from the padded width (Dr.GRPO's old default) would change the gradient.
     logp, old, rollout, adv, mask = _random_batch(seed=3, n=8)
-    full = _grad(name, logp, old, rollout, adv, mask)
+    mask[:3, 4:] = False  # the first micro-batch is shorter than the whole batch
+    extra = {"loss_scale_factor": 7} if name == "dr_grpo" else {}
+    full = _grad(name, logp, old, rollout, adv, mask, **extra)
     p = logp.clone().requires_grad_(True)
     n_tokens = int(mask.sum())
     total = 0.0
     for rows in (slice(0, 3), slice(3, 8)):
-        loss, _ = policy_loss(name, p[rows], old[rows], rollout[rows], adv[rows], mask[rows],
-                              num_sequences=8, num_tokens=n_tokens)  # fmt: skip
+        width = int(mask[rows].any(dim=0).nonzero().max()) + 1
+        loss, _ = policy_loss(name, p[rows, :width], old[rows, :width], rollout[rows, :width], adv[rows],
+                              mask[rows, :width], num_sequences=8, num_tokens=n_tokens, **extra)  # fmt: skip
         total = total + loss
     total.backward()
     torch.testing.assert_close(p.grad, full, rtol=0, atol=1e-12)
@@ -219,8 +227,8 @@ def test_doubling_a_response_doubles_its_weight_under_token_sum_only():
 def test_dr_grpo_divides_by_constant_not_batch_size():
     mask = torch.ones(2, 5)
     logp = torch.zeros(2, 5)
-    grad = _grad("dr_grpo", logp, logp, logp, torch.tensor([1.0, -1.0]), mask)
-    torch.testing.assert_close(grad, torch.tensor([[-0.2] * 5, [0.2] * 5]))  # -A r / T with T = 5
+    with pytest.raises(ValueError, match="loss_scale_factor"):
+        _grad("dr_grpo", logp, logp, logp, torch.tensor([1.0, -1.0]), mask)
     grad = _grad("dr_grpo", logp, logp, logp, torch.tensor([1.0, -1.0]), mask, loss_scale_factor=10)
     torch.testing.assert_close(grad, torch.tensor([[-0.1] * 5, [0.1] * 5]))
 
@@ -240,6 +248,55 @@ def test_gspo_sequence_ratio_shared_and_whole_sequence_clipped():
     torch.testing.assert_close(grad[0], torch.full((3,), -1.0 / 6))
     _, metrics = policy_loss("gspo", logp, old, old, adv, mask)
     assert metrics["clip_frac_high"] == 0.5
+
+
+# -- defect 5: masked positions never contribute, whatever they hold -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("correction", ["tis", "icepop", "mis", "none"])
+def test_non_finite_values_on_padding_change_nothing(name, correction):
+    g = torch.Generator().manual_seed(7)
+    old = -torch.rand(4, 5, generator=g) * 2
+    logp = old + torch.randn(4, 5, generator=g) * 0.1
+    rollout = old + torch.randn(4, 5, generator=g) * 0.1
+    adv = torch.randn(4, 5, generator=g)  # per-token advantages, so padding can hold NaN there too
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    options = {"correction": correction} | ({"loss_scale_factor": 5.0} if name == "dr_grpo" else {})
+    clean = _loss_and_metrics(name, logp, old, rollout, adv, mask, **options)
+    pad = ~mask
+    dirty_logp = logp.masked_fill(pad, -math.inf)
+    dirty = _loss_and_metrics(name, dirty_logp, old.masked_fill(pad, math.nan), rollout.masked_fill(pad, math.nan),
+                           adv.masked_fill(pad, math.nan), mask, **options)
+    assert torch.isfinite(dirty[0]) and torch.isfinite(dirty[1]).all()
+    assert dirty[0].item() == pytest.approx(clean[0].item(), abs=1e-12)
+    torch.testing.assert_close(dirty[1], clean[1], rtol=0, atol=1e-12)
+    assert (dirty[1][pad] == 0).all()
+    assert all(math.isfinite(v) for v in dirty[2].values())
+
+
+# -- defect 6: sequence-level IS clamps the sum of the log-ratios ------------------------------------------------------
+
+
+def test_sequence_is_clamps_the_sum_not_the_tokens():
+    # log rho = (25, -24): the sum is 1, so the sequence ratio is e. Clamping each token to +-20 first would give 1.
+    old = torch.tensor([[25.0, -24.0]])
+    rollout = torch.zeros(1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    tis = correction_weights("tis", old, rollout, mask, is_level="sequence", is_cap=10.0)
+    torch.testing.assert_close(tis.weights, torch.full((1, 2), math.e))
+    mis = correction_weights("mis", old, rollout, mask, mis_level="sequence", mis_low=0.5, mis_high=3.0)
+    torch.testing.assert_close(mis.weights, torch.full((1, 2), math.e))
+    # The sum itself is still bounded: log rho summing to 30 gives exp(20).
+    big = correction_weights("tis", torch.tensor([[15.0, 15.0]]), rollout, mask, is_level="sequence", is_cap=1e12)
+    assert big.weights[0, 0].item() == pytest.approx(math.exp(20.0))
+
+
+def _loss_and_metrics(name, logp0, old, rollout, adv, mask, **options):
+    logp = logp0.clone().requires_grad_(True)
+    loss, metrics = policy_loss(name, logp, old, rollout, adv, mask, **options)
+    loss.backward()
+    return loss.detach(), logp.grad, metrics
 
 
 # -- options and errors ------------------------------------------------------------------------------------------------
@@ -272,7 +329,8 @@ def test_bad_input_gets_clear_errors():
 def test_metrics_are_floats_with_required_names():
     logp, old, rollout, adv, mask = _random_batch(seed=4)
     for name in LOSSES:
-        _, metrics = policy_loss(name, logp, old, rollout, adv, mask)
+        extra = {"loss_scale_factor": 7} if name == "dr_grpo" else {}
+        _, metrics = policy_loss(name, logp, old, rollout, adv, mask, **extra)
         for key in ("is_weight_mean", "is_weight_max", "is_ess", "correction_masked_frac",
                     "correction_truncated_frac", "clip_frac", "clip_frac_low", "clip_frac_high", "kl_k1", "kl_k3",
                     "ppo_kl", "loss"):  # fmt: skip

@@ -37,6 +37,19 @@ def test_broken_prefix_splits_and_per_turn_option():
     assert len(per_turn) == 3 and all(s.advantage == -1.0 for s in per_turn)
 
 
+def test_per_turn_advantages_reach_their_turns_tokens():
+    t1 = turn([1, 2, 3], [4, 5])
+    t2 = turn([1, 2, 3, 4, 5, 6, 7], [8])
+    (s,) = trajectory_to_samples(traj([t1, t2]), advantage=[0.75, -0.25])  # e.g. GiGPO: one per turn
+    assert s.token_advantages == (0, 0, 0, 0.75, 0.75, 0, 0, -0.25) and s.advantage == 0.75
+    (same,) = trajectory_to_samples(traj([t1, t2]), advantage=[0.5, 0.5])
+    assert same.token_advantages is None and same.advantage == 0.5  # equal turns: the plain scalar form
+    split = trajectory_to_samples(traj([t1, t2]), advantage=[0.75, -0.25], per_turn=True)
+    assert [(x.advantage, x.token_advantages) for x in split] == [(0.75, None), (-0.25, None)]
+    with pytest.raises(ValueError, match="3 advantages for a trajectory of 2 turns"):
+        trajectory_to_samples(traj([t1, t2]), advantage=[1.0, 2.0, 3.0])
+
+
 def test_turn_validates_lengths():
     with pytest.raises(ValueError, match="one logprob per generated token"):
         Turn((1,), (2, 3), (0.0,), "a", "o", 0.0)

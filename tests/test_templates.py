@@ -44,7 +44,8 @@ def test_qwen3_rendering_equals_the_official_template(qwen3_tokenizer, first, re
 
 
 def test_families_are_registered_and_detected(qwen3_tokenizer):
-    assert {"qwen3", "qwen2.5", "chatml", "deepseek-r1", "kimi-k2"} <= set(FAMILIES)
+    assert {"qwen3", "qwen2.5", "chatml", "deepseek-r1", "kimi-k2-thinking", "gpt-oss", "glm-4.6"} <= set(FAMILIES)
+    assert get_family("kimi-k2").name == "kimi-k2-thinking"
     assert detect_family(qwen3_tokenizer) == "qwen3"
     assert detect_family(qwen3_tokenizer, {"enable_thinking": False}) == "qwen3"
     with pytest.raises(UnknownFamilyError, match="known: chatml"):
@@ -67,7 +68,7 @@ reply = st.tuples(st.one_of(st.just(""), text.map(lambda r: f"<think>\n{r}\n</th
 def _episode(tok, family, replies, observation_role, chat_kwargs=None, recap=0):
     """Play an episode with scripted replies; return (context, trajectory)."""
     ctx = ChatContext(tok, "Solve it.", chat_kwargs, family=family, recap_actions=recap, verify=True)
-    end = ctx.family.end_of_turn
+    end = ctx.family.end_of_turn[0]
     prompt = ctx.first_prompt("the task")
     turns = []
     for k, (thought, answer, ends) in enumerate(replies):
@@ -89,7 +90,7 @@ def _episode(tok, family, replies, observation_role, chat_kwargs=None, recap=0):
 def test_incremental_context_equals_full_rendering_and_samples_match(qwen3_tokenizer, family, replies, roles, recap):
     tok = qwen3_tokenizer
     ctx, traj = _episode(tok, family, replies, roles, recap=recap)  # verify=True raises on any disagreement
-    assert ctx.text == ctx.family.render(ctx.messages)
+    assert ctx.text == ctx.family.render(ctx.messages, **ctx.chat_kwargs)
     samples = trajectory_to_samples(traj, advantage=1.0)
     # Loss mask is 1 exactly on generated tokens, in order, with their logprobs.
     masked = [t for s in samples for t, m in zip(s.input_ids, s.loss_mask) if m]
@@ -134,12 +135,15 @@ def test_prefix_preserving_families_never_split_and_take_the_delta_path(qwen3_to
 
 
 def test_kimi_keeps_reasoning_while_calling_tools_and_drops_it_after_an_answer(qwen3_tokenizer):
-    call = "<|tool_calls_section_begin|>search<|tool_calls_section_end|>"
+    call = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>"
+            '{"q": "x"}<|tool_call_end|><|tool_calls_section_end|>')
     replies = [("<think>hm</think>", call, True)] * 2 + [("<think>ok</think>", "done", True)]
-    ctx, traj = _episode(qwen3_tokenizer, "kimi-k2", replies, "tool")
+    ctx, traj = _episode(qwen3_tokenizer, "kimi-k2-thinking", replies, "tool")
     assert [t.new_segment for t in traj.turns] == [False, False, False]
     assert ctx.last_step.new_segment  # the answer without a tool call rewrote the chain's reasoning
     assert ctx.text.count("<think></think>") == 3
+    assert ctx.messages[3]["tool_call_id"] == "functions.search:0"  # a tool result names the call it answers
+    assert "## Return of functions.search:0\n" in ctx.text
 
 
 def test_deepseek_r1_drops_reasoning_from_history(qwen3_tokenizer):

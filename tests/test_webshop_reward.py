@@ -181,3 +181,20 @@ def test_score_equals_the_reference_on_generated_purchases():
     # synthetic and human goals), 7 x 50 of them: exactly equal floats. bench/webshop_reward_parity.py runs 10k+.
     for goal, product, options in generate_purchases(num_products=150, seed=3, count=350):
         assert score(goal, product, options, tagger="spacy") == ref_get_reward(product, goal, product["price"], options)
+    # The same with the title nouns a cached catalogue stores (tagged in batches at build time), as the env scores.
+    for goal, product, options in generate_purchases(num_products=150, seed=4, count=140, stored_nouns=True):
+        assert product["name_nouns_tagger"] == "spacy"
+        assert score(goal, product, options) == ref_get_reward(product, goal, product["price"], options)
+
+
+def test_generated_option_values_survive_colour_normalisation():
+    # Under the original's rule a value such as "sandalwood" becomes "sand" when chosen but stays whole inside the
+    # goal pair ("scent", "sandalwood"): buying exactly the goal would score below 1. The generator avoids them.
+    from agentrl.envs.webshop.generator import CATEGORIES
+
+    assert token_set_ratio(normalize_color("sandalwood"), normalize_color(("scent", "sandalwood"))) < 85
+    for kinds in CATEGORIES.values():
+        for kind in kinds:
+            for name, pool in kind.options:
+                for value in pool:
+                    assert token_set_ratio(normalize_color(value), normalize_color((name, value))) > 85, value

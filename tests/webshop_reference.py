@@ -169,20 +169,27 @@ _RESPELL = (
 )
 
 
-def generate_purchases(num_products: int, seed: int, count: int):
+def generate_purchases(num_products: int, seed: int, count: int, stored_nouns: bool = False):
     """Yield `count` (goal, product, options) purchases on a generated catalogue, of every kind the parity needs.
 
     Kinds, cycling: the goal's own product with its goal options (expert), the goal product with some options changed
     (partial), a product of the same search query with random options, any product with random options, the goal
     product bought over budget, and goals re-spelled the way humans write them ("gluten-free" vs "gluten free",
-    plurals, upper case, shades, accents), as synthetic (name -> value) or human (list of values) goals.
+    plurals, upper case, shades, accents), as synthetic (name -> value) or human (list of values) goals. With
+    `stored_nouns`, products and goals carry the title nouns a cached catalogue stores (tagged in batches when it is
+    built), as the env's records do.
     """
     import copy
     import random
 
     from agentrl.envs.webshop import generate_catalogue
 
-    pairs = list(generate_catalogue(num_products, seed))
+    pairs = generate_catalogue(num_products, seed)
+    if stored_nouns:
+        from agentrl.envs.webshop.shared import _with_nouns
+
+        pairs = _with_nouns(pairs)
+    pairs = list(pairs)
     products = [p for p, _ in pairs]
     goals = [g for _, gs in pairs for g in gs]
     by_query: dict[str, list[int]] = {}

@@ -9,40 +9,55 @@ Routing Replay (`agentrl.routing_replay`) shrinks both for MoE models.
     adv = compute_advantages("group_mean", rewards, group_ids)                      # [N]
     loss, metrics = policy_loss("minirl", logp, old_logp, rollout_logp, adv, mask)  # scalar, dict[str, float]
 
-Modules: `losses` (the registry `LOSSES`), `corrections` (TIS / IcePop / MIS), `aggregation`, `advantages`
-(`ADVANTAGES`), `overlong`, `minibatches`, `diagnostics`, `collapse_guard`.
+Modules: `losses` (the registry `LOSSES`), `corrections` (TIS / IcePop / MIS, rejection masks), `aggregation`,
+`advantages` (`ADVANTAGES`), `gigpo` (step-level advantages), `credit` (per-turn advantages from any estimator),
+`reference_kl` (KL to a reference model, in the loss or the reward), `overlong`, `minibatches`, `diagnostics`,
+`collapse_guard`.
 """
 
-from agentrl.objective.advantages import ADVANTAGES, compute_advantages, informative_groups
+from agentrl.objective.advantages import ADVANTAGES, check_advantage_options, compute_advantages, informative_groups
 from agentrl.objective.aggregation import AGG_MODES, aggregate
 from agentrl.objective.collapse_guard import CollapseGuard, GuardVerdict
-from agentrl.objective.corrections import CORRECTIONS, CorrectionResult, correction_weights
-from agentrl.objective.diagnostics import batch_stats, importance_weight_stats, kl_estimates, token_entropy
+from agentrl.objective.corrections import CORRECTIONS, CorrectionResult, correction_weights, rejection_mask
+from agentrl.objective.credit import TURN_ESTIMATORS, check_turn_advantage_options, turn_advantages
+from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, token_entropy
+from agentrl.objective.gigpo import EpisodeSteps, episode_steps, gigpo_advantages
 from agentrl.objective.losses import LOSSES, LossOptions, loss_options, policy_loss
 from agentrl.objective.minibatches import minibatch_indices
 from agentrl.objective.overlong import OverlongConfig, apply_overlong, overlong_penalty
+from agentrl.objective.reference_kl import KL_ESTIMATORS, kl_penalty, kl_reward_penalty
 
 __all__ = [
     "ADVANTAGES",
     "AGG_MODES",
     "CORRECTIONS",
+    "KL_ESTIMATORS",
     "LOSSES",
+    "TURN_ESTIMATORS",
     "CollapseGuard",
     "CorrectionResult",
+    "EpisodeSteps",
     "GuardVerdict",
     "LossOptions",
     "OverlongConfig",
     "aggregate",
     "apply_overlong",
-    "batch_stats",
+    "check_advantage_options",
+    "check_turn_advantage_options",
     "compute_advantages",
     "correction_weights",
+    "episode_steps",
+    "gigpo_advantages",
     "importance_weight_stats",
     "informative_groups",
     "kl_estimates",
+    "kl_penalty",
+    "kl_reward_penalty",
     "loss_options",
     "minibatch_indices",
     "overlong_penalty",
     "policy_loss",
+    "rejection_mask",
     "token_entropy",
+    "turn_advantages",
 ]

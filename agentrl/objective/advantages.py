@@ -5,13 +5,21 @@ pure function of one group's rewards `[G] -> [G]`; `compute_advantages` applies 
 
 - "group_mean" (default, MiniRL): A = R - mean_G(R). The paper calls it "group-normalization" but divides by
   nothing; the std division is GRPO's.
-- "grpo": A = (R - mean) / (std + 1e-6), unbiased std; a singleton group gets mean 0 and std 1 (verl).
-- "loo": leave-one-out baseline, A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean); 0 for a singleton.
+- "grpo": A = (R - mean) / (std + 1e-6), unbiased std.
+- "loo": leave-one-out baseline, A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean).
 - "low_success_weight": group_mean, with the positive advantages multiplied by 1 + boost * (1 - success_rate),
   so the rare successes on hard prompts pull harder. This one deliberately does NOT sum to zero in a group: the
   net push goes to the successes, and only on prompts the policy mostly fails.
 - "passk": the analytic Pass@k advantage (Chen et al. 2025, "Pass@k Training"): the group reward is the
   probability that a random k-subset contains a success; each response gets its marginal share. Sums to zero.
+
+Singleton groups, one rule for every estimator: a group of one response has no baseline to compare it with, so its
+advantage is 0 (it trains nothing). `compute_advantages` applies the rule before calling the estimator. This departs
+from verl's GRPO, which gives a singleton mean 0 and std 1, i.e. its raw reward: an uncentred reward would push
+the policy toward whatever the lone response did, just because rewards happen to be positive.
+
+Options come from the config (`loss.advantage_options`, e.g. `{boost: 2.0}` for "low_success_weight" or `{k: 8}`
+for "passk"); `check_advantage_options` validates them once, when the config is built.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ADVANTAGES", "AdvantageSpec", "compute_advantages", "informative_groups"]
+__all__ = ["ADVANTAGES", "AdvantageSpec", "check_advantage_options", "compute_advantages", "informative_groups"]
 
 
 def group_mean_advantage(rewards: Tensor) -> Tensor:
@@ -34,17 +42,13 @@ def group_mean_advantage(rewards: Tensor) -> Tensor:
 
 
 def grpo_advantage(rewards: Tensor, eps: float = 1e-6) -> Tensor:
-    """A = (R - mean) / (std + eps) with the unbiased std; a singleton group uses mean 0, std 1 (verl)."""
-    if rewards.numel() == 1:
-        return rewards.clone()
+    """A = (R - mean) / (std + eps) with the unbiased std, over a group of at least two responses."""
     return (rewards - rewards.mean()) / (rewards.std(unbiased=True) + eps)
 
 
 def loo_advantage(rewards: Tensor) -> Tensor:
-    """A_i = R_i - mean of the other responses' rewards; 0 for a singleton group (no baseline exists)."""
+    """A_i = R_i - mean of the other responses' rewards, over a group of at least two responses."""
     g = rewards.numel()
-    if g == 1:
-        return torch.zeros_like(rewards)
     return (rewards - rewards.mean()) * (g / (g - 1))
 
 
@@ -124,13 +128,13 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **options:
         **options: keyword options of the estimator (e.g. `k=` for "passk", `boost=` for "low_success_weight").
 
     Returns:
-        `[N]` float advantages, in the dtype of `rewards` (float32 for integer rewards).
+        `[N]` float advantages, in the dtype of `rewards` (float32 for integer rewards); 0 for every response of a
+        singleton group (the module's one rule).
 
     Raises:
         ValueError: on an unknown name or option, or shapes that do not match.
     """
-    if name not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {', '.join(ADVANTAGES)}")
+    check_advantage_options(name, options)
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
@@ -138,13 +142,13 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **options:
     if group_ids.is_floating_point():
         raise ValueError("group_ids must be an integer tensor")
     fn = ADVANTAGES[name].fn
-    _check_options(name, fn, options)
     rewards = rewards.detach()
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     advantages = torch.zeros_like(rewards)  # [N]
     for gid in torch.unique(group_ids):
         idx = (group_ids == gid).nonzero(as_tuple=True)[0]  # [G]
-        advantages[idx] = fn(rewards[idx], **options)
+        if idx.numel() > 1:  # a singleton keeps its 0: no baseline exists
+            advantages[idx] = fn(rewards[idx], **options)
     return advantages
 
 
@@ -168,8 +172,16 @@ def informative_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return keep
 
 
-def _check_options(name: str, fn: Callable[..., Tensor], options: dict[str, Any]) -> None:
-    valid = [p for p in inspect.signature(fn).parameters if p != "rewards"]
+def check_advantage_options(name: str, options: dict[str, Any]) -> None:
+    """Raise a `ValueError` naming the problem if `name` is not an estimator or `options` are not its options.
+
+    Args:
+        name: a key of `ADVANTAGES`.
+        options: keyword options for it.
+    """
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {', '.join(ADVANTAGES)}")
+    valid = [p for p in inspect.signature(ADVANTAGES[name].fn).parameters if p != "rewards"]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(

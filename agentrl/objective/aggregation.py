@@ -8,6 +8,8 @@ length-normalised ablation that the paper found stable but worse.
 Micro-batching: every mode divides by a constant that describes the whole mini-batch (`num_sequences`,
 `num_tokens`, `loss_scale_factor`). When the trainer splits a mini-batch into micro-batches and passes the global
 constants, the per-micro-batch losses sum to the whole-batch loss exactly, so gradient accumulation is invisible.
+No mode falls back to a property of the micro-batch (its padded width, its row count) when the trainer passes the
+constants; "seq-mean-token-sum-norm" has no fallback at all, since Dr.GRPO's divisor is a configured constant.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def aggregate(
 
     Args:
         loss_mat: per-token loss, `[N, T]`.
-        mask: response/loss mask, `[N, T]` (bool or 0/1); masked-out tokens never contribute.
+        mask: response/loss mask, `[N, T]` (bool or 0/1); masked-out tokens never contribute, even non-finite ones.
         mode: one of `AGG_MODES`:
             - "token-mean": sum(l * m) / num_tokens.
             - "seq-mean-token-sum": sum(l * m) / num_sequences (MiniRL; verl's name).
@@ -40,18 +42,19 @@ def aggregate(
             - "seq-mean-token-sum-norm": sum(l * m) / loss_scale_factor (Dr.GRPO; no 1/N).
         num_sequences: sequences in the whole mini-batch (default: rows of `loss_mat`).
         num_tokens: masked tokens in the whole mini-batch (default: `mask.sum()`).
-        loss_scale_factor: the constant for "seq-mean-token-sum-norm" (default: `T`, the padded length).
+        loss_scale_factor: the constant for "seq-mean-token-sum-norm" (required there: the configured maximum
+            response length, the same for every micro-batch).
 
     Returns:
         A scalar tensor.
 
     Raises:
-        ValueError: on an unknown mode, mismatched shapes or a non-positive denominator.
+        ValueError: on an unknown mode, mismatched shapes, a non-positive or missing denominator.
     """
     if loss_mat.shape != mask.shape or loss_mat.dim() != 2:
         raise ValueError(f"loss and mask must both be [N, T]; got {tuple(loss_mat.shape)} and {tuple(mask.shape)}")
     m = mask.to(loss_mat.dtype)  # [N, T]
-    masked = loss_mat * m  # [N, T]
+    masked = torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))  # [N, T]; 0 * nan would be nan
     if mode == "token-mean":
         denom = float(m.sum().item()) if num_tokens is None else float(num_tokens)
         return masked.sum() / _positive(denom, "num_tokens")
@@ -64,8 +67,9 @@ def aggregate(
         per_seq = masked.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # [N]
         return per_seq.sum() / _positive(denom, "num_sequences")
     if mode == "seq-mean-token-sum-norm":
-        denom = float(loss_mat.shape[1]) if loss_scale_factor is None else float(loss_scale_factor)
-        return masked.sum() / _positive(denom, "loss_scale_factor")
+        if loss_scale_factor is None:  # the padded width would tie the gradient to the micro-batch grouping
+            raise ValueError("seq-mean-token-sum-norm needs loss_scale_factor (the configured maximum response length)")
+        return masked.sum() / _positive(float(loss_scale_factor), "loss_scale_factor")
     raise ValueError(f"unknown aggregation mode {mode!r}; choose one of {', '.join(AGG_MODES)}")
 
 

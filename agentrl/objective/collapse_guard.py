@@ -4,6 +4,11 @@ The paper's collapsing runs show the same signature before the reward falls: the
 KL(mu || pi_old) climbs [Zheng et al. 2025, §4.2]. The paper gives no thresholds; the defaults here (entropy below
 0.25, k3 KL above 0.01, for `patience` consecutive steps) are project heuristics from secondary write-ups, so they are
 all configurable. A single bad step is noise; `patience` consecutive ones are a trend.
+
+Rollback needs a checkpoint that is known to be good: the trainer asks the guard about a step *before* writing its
+checkpoint and writes checkpoints only of healthy steps (`GuardVerdict.healthy`); a save that falls on a bad step
+waits for the next healthy one. A rollback then restores the weights and the optimizer state of that step together,
+and says which step it was.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ class GuardVerdict:
     action: str
     bad_streak: int = 0
     last_good_step: int | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """This step's own metrics were fine (a checkpoint of it is safe to roll back to)."""
+        return self.bad_streak == 0
 
 
 class CollapseGuard:

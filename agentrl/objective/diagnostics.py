@@ -1,4 +1,4 @@
-"""Per-step diagnostics: policy entropy, KL(mu || pi_old) estimators, IS-weight health, lengths and rewards.
+"""Per-step diagnostics: policy entropy, KL(mu || pi_old) estimators, IS-weight health.
 
 The paper's two early-warning signals [Zheng et al. 2025, §4.2] are the entropy of pi over the full vocabulary at the
 sampled prefixes, and the training-inference KL(mu_old || pi_old) = E_mu[log mu - log pi_old]; collapse shows up as
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["token_entropy", "masked_mean", "kl_estimates", "importance_weight_stats", "batch_stats"]
+__all__ = ["token_entropy", "masked_mean", "kl_estimates", "importance_weight_stats"]
 
 
 def token_entropy(logits: Tensor, chunk_size: int = 1024) -> Tensor:
@@ -80,15 +80,4 @@ def importance_weight_stats(weights: Tensor, mask: Tensor) -> dict[str, float]:
         "is_weight_mean": float(w.mean()),
         "is_weight_max": float(w.max()),
         "is_ess": float(w.sum() ** 2 / (w.numel() * (w**2).sum())),
-    }
-
-
-def batch_stats(rewards: Tensor, lengths: Tensor) -> dict[str, float]:
-    """Reward and response-length summary of a rollout batch."""
-    r, n = rewards.double(), lengths.double()
-    return {
-        "reward_mean": float(r.mean()),
-        "reward_std": float(r.std()) if r.numel() > 1 else 0.0,
-        "response_length_mean": float(n.mean()),
-        "response_length_max": float(n.max()),
     }

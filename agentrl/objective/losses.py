@@ -8,16 +8,32 @@ Notation (docs/objective.md): N responses, T = padded response length.
     rho_t = pi_old / mu_old          training-inference ratio, controlled by the correction (corrections.py)
 
 Every loss is `fn(logp, old_logp, adv, weights, mask, opts) -> (loss_mat [N, T], clipped_low, clipped_high)`;
-`policy_loss` adds the correction weights, the aggregation and the metrics around it, so any correction can be
-combined with any loss (`correction=` option) and every loss reports the same metric names.
+`policy_loss` adds the correction weights, the optional reference-KL and entropy terms, the aggregation and the
+metrics around it, so any correction can be combined with any loss (`correction=` option) and every loss reports the
+same metric names.
+
+Masked positions never contribute, whatever they hold: `policy_loss` replaces padding values (a `-inf` log-prob, a
+NaN from a reference model) with zeros through `torch.where` before any arithmetic, because `0 * nan` is NaN and
+would poison the loss and its gradient.
+
+Options beyond each loss's recipe, all off by default (MiniRL stays the default recipe):
+- `kl_coef` / `kl_estimator`: KL(pi_theta || pi_ref) in the loss, k1 / k2 / k3 (reference_kl.py); needs `ref_logp`.
+- `entropy_coef`: an entropy bonus, `loss -= entropy_coef * agg(H)`; needs the differentiable entropy `[N, T]`.
+- `dual_clip` (PPO-clip losses and MiniRL): for A < 0 the surrogate is capped at -A c (verl's clip_ratio_c), i.e.
+  tokens with A < 0 and r > c get no gradient.
+- `is_floor`: a lower bound for TIS; `rejection` / `rejection_low` / `rejection_high`: a rejection mask combined
+  with the correction's weights (corrections.py).
+- Bypass mode (pi_old = mu): pass `old_logp = rollout_logp`; rho is then 1 and the clip acts on pi_theta / mu.
 
 Departures from the sources, on purpose:
 - MiniRL truncates the decoupled rho = pi_old / mu rather than the paper's literal pi_theta / mu (see
   corrections.py); identical until a weight reaches the cap.
-- No dual-clip (verl hard-codes clip_ratio_c=3 for negative advantages); MiniRL's proven equivalence to decoupled
-  PPO holds only without it.
+- Dual-clip is off by default (verl hard-codes clip_ratio_c=3 for negative advantages); MiniRL's proven
+  equivalence to decoupled PPO holds only without it.
 - GRPO / CISPO in the paper's appendix have no training-inference term; here their default is `correction="none"`,
   and any correction can be switched on.
+- Dr.GRPO's divisor must be given (`loss_scale_factor`, the configured maximum response length): a default of the
+  padded width would make the gradient depend on how samples are grouped into micro-batches.
 """
 
 from __future__ import annotations
@@ -31,8 +47,9 @@ import torch
 from torch import Tensor
 
 from agentrl.objective.aggregation import AGG_MODES, aggregate
-from agentrl.objective.corrections import CORRECTIONS, correction_weights
+from agentrl.objective.corrections import CORRECTIONS, REJECTION_LEVELS, correction_weights, rejection_mask
 from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, masked_mean
+from agentrl.objective.reference_kl import KL_ESTIMATORS, kl_penalty
 
 __all__ = [
     "LOSSES",
@@ -58,14 +75,21 @@ class LossOptions:
         agg: aggregation mode, one of `aggregation.AGG_MODES`.
         correction: "tis", "icepop", "mis" or "none" (see corrections.py).
         is_cap: TIS cap C (weights above it become exactly C).
+        is_floor: TIS lower bound (weights below it become exactly it; 0: none).
         is_level: TIS level, "token" or "sequence".
         icepop_low: IcePop band lower bound (tokens with rho below it are dropped).
         icepop_high: IcePop band upper bound.
         mis_level: MIS level, "token", "sequence" or "geometric".
         mis_low: MIS band lower bound.
         mis_high: MIS band upper bound (for "geometric" a much tighter band, e.g. 0.999..1.001, is usual).
-        loss_scale_factor: constant divisor for "seq-mean-token-sum-norm" (default: the padded length T). Pass
-            the same value to every micro-batch.
+        rejection: a rejection mask combined with the correction: "none", "token", "sequence" or "geometric".
+        rejection_low: lower bound of the band the rejection mask keeps.
+        rejection_high: upper bound of the band the rejection mask keeps.
+        loss_scale_factor: the constant divisor of "seq-mean-token-sum-norm" (Dr.GRPO): the configured maximum
+            response length. Required by that mode; the trainer fills it from the rollout config.
+        kl_coef: weight of KL(pi_theta || pi_ref) in the loss (0: off; then no reference model is needed).
+        kl_estimator: "k1", "k2" or "k3" (low-variance KL, verl's "low_var_kl").
+        entropy_coef: weight of the entropy bonus (0: off).
     """
 
     agg: str = "seq-mean-token-sum"
@@ -77,7 +101,14 @@ class LossOptions:
     mis_level: str = "token"
     mis_low: float = 0.5
     mis_high: float = 2.0
+    is_floor: float = 0.0
+    rejection: str = "none"
+    rejection_low: float = 0.5
+    rejection_high: float = 2.0
     loss_scale_factor: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # a YAML typo ("0.2x") must fail here, not as a TypeError inside the loss
@@ -89,6 +120,17 @@ class LossOptions:
             raise ValueError(f"unknown agg {self.agg!r}; choose one of {', '.join(AGG_MODES)}")
         if self.correction not in CORRECTIONS:
             raise ValueError(f"unknown correction {self.correction!r}; choose one of {', '.join(CORRECTIONS)}")
+        if self.rejection not in REJECTION_LEVELS:
+            raise ValueError(f"unknown rejection {self.rejection!r}; choose one of {', '.join(REJECTION_LEVELS)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError(f"kl_coef and entropy_coef must be >= 0; got {self.kl_coef} and {self.entropy_coef}")
+        if self.loss_scale_factor is not None and not self.loss_scale_factor > 0:
+            raise ValueError(f"loss_scale_factor must be > 0 (the max response length), got {self.loss_scale_factor}")
+        dual_clip = getattr(self, "dual_clip", None)
+        if dual_clip is not None and not dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 (verl uses 3), got {dual_clip}")
 
 
 @dataclass(frozen=True)
@@ -98,12 +140,14 @@ class MiniRLOptions(LossOptions):
     Attributes:
         eps_low: mask tokens with A<0 and r < 1 - eps_low.
         eps_high: mask tokens with A>0 and r > 1 + eps_high.
+        dual_clip: also mask tokens with A<0 and r > dual_clip (None: off, the paper's recipe).
     """
 
     agg: str = "seq-mean-token-sum"
     correction: str = "tis"
     eps_low: float = 0.2
     eps_high: float = 0.27
+    dual_clip: float | None = None
 
 
 @dataclass(frozen=True)
@@ -113,11 +157,13 @@ class PPOClipOptions(LossOptions):
     Attributes:
         eps_low: lower clip 1 - eps_low on r.
         eps_high: upper clip 1 + eps_high on r.
+        dual_clip: for A<0, cap the surrogate at -A * dual_clip (verl's clip_ratio_c, e.g. 3); None: off.
     """
 
     agg: str = "seq-mean-token-mean"
     eps_low: float = 0.2
     eps_high: float = 0.2
+    dual_clip: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +176,10 @@ class DAPOOptions(PPOClipOptions):
 
 @dataclass(frozen=True)
 class DrGRPOOptions(PPOClipOptions):
-    """Dr.GRPO: PPO-clip with a constant divisor (no 1/|y|, no 1/N); pair it with `group_mean` advantages."""
+    """Dr.GRPO: PPO-clip with a constant divisor (no 1/|y|, no 1/N); pair it with `group_mean` advantages.
+
+    The divisor `loss_scale_factor` is the configured maximum response length, the same for every micro-batch.
+    """
 
     agg: str = "seq-mean-token-sum-norm"
 
@@ -179,10 +228,13 @@ def minirl_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Te
     """MiniRL: l = -M_t * sg[w_t * r_t] * A * logp_t, with the one-sided mask M decided on r = pi_theta / pi_old.
 
     The gradient is -M w r A grad(logp) = -M w A grad(r): decoupled PPO with the min(.) replaced by a hard mask.
-    The inequalities are strict, so a ratio exactly on the boundary is kept.
+    The inequalities are strict, so a ratio exactly on the boundary is kept. With `dual_clip` c, tokens with A<0 and
+    r > c are masked too: PPO's dual-clipped surrogate is the constant -A c there, so its gradient is zero as well.
     """
     ratio = (logp - old_logp).exp()  # [N, T] r_t
     clipped_high = (adv > 0) & (ratio > 1 + opts.eps_high)  # [N, T] would push pi further up: masked
+    if opts.dual_clip is not None:
+        clipped_high = clipped_high | ((adv < 0) & (ratio > opts.dual_clip))  # [N, T] dual-clip
     clipped_low = (adv < 0) & (ratio < 1 - opts.eps_low)  # [N, T] would push pi further down: masked
     keep = (~(clipped_high | clipped_low)).to(logp.dtype)  # [N, T] M_t
     loss_mat = -keep * (w * ratio).detach() * adv * logp  # [N, T]
@@ -190,22 +242,29 @@ def minirl_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Te
 
 
 def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: PPOClipOptions):
-    """PPO-clip: l = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (GRPO, DAPO, Dr.GRPO)."""
+    """PPO-clip: l = w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (GRPO, DAPO, Dr.GRPO).
+
+    With `dual_clip` c, for A<0: l = w * min(max(...), -A c) (Ye et al. 2020; verl's clip_ratio_c). The clipped
+    flags report where the gradient vanished because r was too low (`clipped_low`) or too high (`clipped_high`,
+    which includes the dual clip).
+    """
     ratio = (logp - old_logp).exp()  # [N, T]
     unclipped = -adv * ratio  # [N, T]
     clipped = -adv * ratio.clamp(1 - opts.eps_low, 1 + opts.eps_high)  # [N, T]
-    loss_mat = w * torch.maximum(unclipped, clipped)  # [N, T]
+    surrogate = torch.maximum(unclipped, clipped)  # [N, T]
     # The clipped branch wins (and the gradient vanishes) exactly where the one-sided MiniRL mask would fire.
     clipped_high = (adv > 0) & (ratio > 1 + opts.eps_high)  # [N, T]
     clipped_low = (adv < 0) & (ratio < 1 - opts.eps_low)  # [N, T]
-    return loss_mat, clipped_low, clipped_high
+    if opts.dual_clip is not None:
+        surrogate = torch.where(adv < 0, torch.minimum(surrogate, -adv * opts.dual_clip), surrogate)  # [N, T]
+        clipped_high = clipped_high | ((adv < 0) & (ratio > opts.dual_clip))  # [N, T]
+    return w * surrogate, clipped_low, clipped_high
 
 
 def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, w: Tensor, mask: Tensor, opts: GSPOOptions):
     """GSPO: s_i = exp(mean_t(logp - old_logp)); token form s_it = sg[s_i] * pi / sg[pi]; PPO-clip on s_it."""
-    m = mask.to(logp.dtype)  # [N, T]
-    log_ratio = (logp - old_logp) * m  # [N, T]
-    seq_log_ratio = log_ratio.sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
+    log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))  # [N, T]
+    seq_log_ratio = log_ratio.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)  # [N, 1]
     # verl clamps the log of the token-level sequence ratio at 10 so exp() stays finite.
     log_s = (seq_log_ratio.detach() + logp - logp.detach()).clamp(max=10.0)  # [N, T], value log s_i everywhere
     s = log_s.exp()  # [N, T]
@@ -294,6 +353,9 @@ def policy_loss(
     *,
     num_sequences: int | float | None = None,
     num_tokens: int | float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    opts: LossOptions | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Compute policy loss `name` with its training-inference correction, aggregation and diagnostics.
@@ -301,49 +363,89 @@ def policy_loss(
     Args:
         name: a key of `LOSSES` ("minirl", "grpo", "dapo", "gspo", "cispo", "dr_grpo", "reinforce").
         logp: log pi_theta of the sampled tokens, `[N, T]`, with grad.
-        old_logp: log pi_old from the training engine, `[N, T]`; None means on-policy (`logp.detach()`).
+        old_logp: log pi_old from the training engine, `[N, T]`; None means on-policy (`logp.detach()`). Bypass
+            mode passes `rollout_logp` here (pi_old = mu, no recompute pass).
         rollout_logp: log mu from the inference engine, `[N, T]`; None means no mismatch (`old_logp`).
-        advantages: `[N]` (one per response) or `[N, T]`.
-        mask: response/loss mask, `[N, T]` (bool or 0/1).
+        advantages: `[N]` (one per response) or `[N, T]` (e.g. per-turn step advantages).
+        mask: response/loss mask, `[N, T]` (bool or 0/1). Positions outside it never contribute, whatever any of
+            the tensors hold there (-inf, NaN).
         num_sequences: sequences in the whole mini-batch, for micro-batching (default: N).
         num_tokens: masked tokens in the whole mini-batch, for micro-batching (default: `mask.sum()`).
+        ref_logp: log pi_ref of the sampled tokens, `[N, T]`; required when `kl_coef > 0`.
+        entropy: the policy's entropy at each position, `[N, T]`; required (with grad) when `entropy_coef > 0`,
+            reported as the `policy_entropy` metric whenever given.
+        opts: the options already built by `loss_options(name, ...)` (the trainer builds them once per run);
+            mutually exclusive with `**options`.
         **options: fields of the loss's options dataclass (see `LOSSES[name].options`).
 
     Returns:
         `(loss, metrics)`: a scalar tensor and a dict of floats. Metrics are means over this call's masked tokens:
         `loss`, `is_weight_mean`, `is_weight_max`, `is_ess`, `correction_masked_frac`, `correction_truncated_frac`,
         `clip_frac`, `clip_frac_low`, `clip_frac_high`, `kl_k1`, `kl_k2`, `kl_k3` (KL(mu || pi_old)), `ppo_kl`,
-        `ratio_mean`, `ratio_max`.
+        `ratio_mean`, `ratio_max`; plus `ref_kl` with a reference and `policy_entropy` (mean over the tokens) with an
+        entropy.
 
     Raises:
-        ValueError: on an unknown name or option, or tensors of the wrong shape.
+        ValueError: on an unknown name or option, tensors of the wrong shape, or a term switched on without its input.
     """
-    opts = loss_options(name, **options)
+    if opts is None:
+        opts = loss_options(name, **options)
+    elif options:
+        raise ValueError(f"pass either opts or keyword options to policy_loss, not both (got {sorted(options)})")
+    elif not isinstance(opts, LOSSES[name].options):
+        raise ValueError(f"opts is a {type(opts).__name__}; policy loss {name!r} takes {LOSSES[name].options.__name__}")
+    m = mask.bool()  # [N, T]
     old_logp = logp.detach() if old_logp is None else old_logp.detach()  # [N, T]
     rollout_logp = old_logp if rollout_logp is None else rollout_logp.detach()  # [N, T]
     adv = _broadcast_advantages(advantages, logp).detach()  # [N, T]
-    for label, t in (("old_logp", old_logp), ("rollout_logp", rollout_logp), ("mask", mask)):
-        if t.shape != logp.shape:
+    for label, t in (("old_logp", old_logp), ("rollout_logp", rollout_logp), ("mask", mask), ("ref_logp", ref_logp),
+                     ("entropy", entropy)):  # fmt: skip
+        if t is not None and t.shape != logp.shape:
             raise ValueError(f"{label} has shape {tuple(t.shape)}, expected {tuple(logp.shape)} like logp")
-    m = mask.bool()  # [N, T]
+    if opts.kl_coef > 0 and ref_logp is None:
+        raise ValueError("kl_coef > 0 needs ref_logp, the reference model's log-probs of the sampled tokens")
+    if opts.entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs entropy, the policy's per-position entropy with grad")
+    if opts.agg == "seq-mean-token-sum-norm" and opts.loss_scale_factor is None:
+        raise ValueError(f"policy loss {name!r} divides by a constant: set loss_scale_factor to the configured "
+                         f"maximum response length (the trainer does this from rollout.max_new_tokens)")
+    # Padding may hold anything (a -inf log-prob, NaN from a reference pass); where() keeps it out of every sum and
+    # gives it an exact zero gradient, which multiplying by the mask would not (0 * nan = nan).
+    logp, old_logp, rollout_logp, adv = (_zero_outside(t, m) for t in (logp, old_logp, rollout_logp, adv))
 
     corr = correction_weights(
         opts.correction, old_logp, rollout_logp, m,
-        is_cap=opts.is_cap, is_level=opts.is_level,
+        is_cap=opts.is_cap, is_floor=opts.is_floor, is_level=opts.is_level,
         icepop_low=opts.icepop_low, icepop_high=opts.icepop_high,
         mis_level=opts.mis_level, mis_low=opts.mis_low, mis_high=opts.mis_high,
     )  # fmt: skip
-    w = corr.weights.to(logp.dtype)  # [N, T]
-    loss_mat, clipped_low, clipped_high = LOSSES[name].fn(logp, old_logp, adv, w, m, opts)
+    keep = rejection_mask(opts.rejection, old_logp, rollout_logp, m, opts.rejection_low, opts.rejection_high)  # [N, T]
+    w = torch.where(keep, corr.weights, torch.zeros_like(corr.weights)).to(logp.dtype)  # [N, T]
+    loss_mat, clipped_low, clipped_high = LOSSES[name].fn(logp, old_logp, adv, w, m, opts)  # [N, T]
+    extra: dict[str, float] = {}
+    if opts.kl_coef > 0:
+        kl_mat = kl_penalty(logp, _zero_outside(ref_logp, m), opts.kl_estimator)  # [N, T], grad through logp
+        loss_mat = loss_mat + opts.kl_coef * kl_mat
+        extra["ref_kl"] = masked_mean(kl_mat.detach(), m)
+    if entropy is not None:
+        entropy = _zero_outside(entropy, m)  # [N, T]
+        extra["policy_entropy"] = masked_mean(entropy.detach(), m)
+        if opts.entropy_coef > 0:
+            loss_mat = loss_mat - opts.entropy_coef * entropy
     loss = aggregate(
         loss_mat, m, opts.agg,
         num_sequences=num_sequences, num_tokens=num_tokens, loss_scale_factor=opts.loss_scale_factor,
     )  # fmt: skip
 
-    metrics = _metrics(logp.detach(), old_logp, rollout_logp, m, w, corr.masked, corr.truncated,
+    metrics = _metrics(logp.detach(), old_logp, rollout_logp, m, w, corr.masked | (m & ~keep), corr.truncated,
                        clipped_low, clipped_high)  # fmt: skip
     metrics["loss"] = float(loss.detach().item())
-    return loss, metrics
+    return loss, metrics | extra
+
+
+def _zero_outside(t: Tensor, mask: Tensor) -> Tensor:
+    """`t` on the mask, exactly 0 elsewhere (gradient 0 there too), whatever `t` holds outside it."""
+    return torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
 
 
 def _broadcast_advantages(advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

@@ -71,11 +71,13 @@ class UpdateRequest:
         batch: the right-padded micro-batch.
         old_logp: log pi_old of its tokens, `[n, T]`.
         replay_routes: MoE experts to replay in the forward and the backward (R2 / R3); None routes live.
+        ref_logp: log pi_ref of its tokens, `[n, T]`, when the loss has a KL-to-reference term; else None.
     """
 
     batch: Any
     old_logp: torch.Tensor
     replay_routes: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -88,17 +90,24 @@ class PolicyObjective:
             so that trainer workers can run it.
         num_sequences: sequences in the whole mini-batch (all micro-batches, all workers).
         num_tokens: loss tokens in the whole mini-batch.
+        with_entropy: the forward also computes the policy entropy `[n, T]` and hands it to the loss (bypass mode
+            reports it; an entropy bonus trains on it).
+        entropy_grad: the entropy keeps its gradient (an entropy bonus).
     """
 
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]
     num_sequences: int
     num_tokens: int
+    with_entropy: bool = False
+    entropy_grad: bool = False
 
-    def __call__(self, logp: torch.Tensor, request: UpdateRequest) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss and metrics of one micro-batch, given its live log-probs `[n, T]`."""
+    def __call__(self, logp: torch.Tensor, request: UpdateRequest,
+                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss and metrics of one micro-batch, given its live log-probs `[n, T]` (and entropy, when asked)."""
         mb = request.batch
         return self.loss_fn(logp, request.old_logp, mb.rollout_logp, mb.advantages, mb.loss_mask,
-                            num_sequences=self.num_sequences, num_tokens=self.num_tokens)
+                            num_sequences=self.num_sequences, num_tokens=self.num_tokens, ref_logp=request.ref_logp,
+                            entropy=entropy)
 
 
 @dataclass(frozen=True)

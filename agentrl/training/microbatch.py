@@ -27,7 +27,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # [n, T+1]
     loss_mask: torch.Tensor  # [n, T]
     rollout_logp: torch.Tensor  # [n, T]
-    advantages: torch.Tensor  # [n]
+    advantages: torch.Tensor  # [n], or [n, T] when some sample's turns have their own advantages (GiGPO)
 
     @property
     def padded_tokens(self) -> int:
@@ -49,7 +49,12 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         attn[i, :length] = 1
         mask[i, :length] = torch.tensor(s.loss_mask, dtype=torch.float32)
         rlp[i, :length] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [n]
+    if any(s.token_advantages is not None for s in samples):  # per-turn advantages: one per token
+        per_token = torch.zeros((n, width), dtype=torch.float32)
+        for i, s in enumerate(samples):
+            per_token[i, : len(s.input_ids)] = torch.tensor(s.token_advantages or (s.advantage,) * len(s.input_ids))
+        adv = per_token[:, 1:]  # [n, T]
     return MicroBatch(ids, attn, mask[:, 1:], rlp[:, 1:], adv)
 
 

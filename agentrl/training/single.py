@@ -71,8 +71,9 @@ class MicroBatchPasses:
         mb = request.batch
         # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
         with self._routing(request.replay_routes):
-            logp, _ = self.logprobs(self.model, mb)
-            loss, metrics = objective(logp, request)
+            logp, entropy = self.logprobs(self.model, mb, with_entropy=objective.with_entropy,
+                                          entropy_grad=objective.entropy_grad)
+            loss, metrics = objective(logp, request, entropy)
             # A non-finite loss still runs its backward: distributed workers must all join the same collectives,
             # and the loop refuses the optimizer step afterwards.
             (loss * scale).backward()

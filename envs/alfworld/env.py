@@ -55,6 +55,9 @@ class AlfworldEnv(TextEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     system_prompt: ClassVar[str] = _SYSTEM_PROMPT_04
+    # Observations answer the agent's commands: as tool results they keep Qwen3's token prefix, so a 50-step episode
+    # trains as one sample, not 50 (see agentrl.rollout_layout).
+    rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
 
     def __init__(
         self,

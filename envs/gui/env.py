@@ -72,6 +72,9 @@ class GuiEnv(TextEnv):
     """
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    # Screens answer the agent's taps: as tool results they keep Qwen3's token prefix, so an episode trains as one
+    # sample, not one per step (see agentrl.rollout_layout).
+    rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
     shared: ClassVar[type[BrowserHost]] = BrowserHost  # free to build: Chromium starts on the first browser page
     # Playwright's sync API belongs to the thread that started the browser: runner pools step every GuiEnv of a
     # process from one thread (see agentrl.pool).

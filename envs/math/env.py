@@ -63,12 +63,12 @@ class MathProblemSet(SharedResource):
 
 
 class MathEnv(TextEnv):
-    r"""Math word problems and arithmetic with 1/0 reward: procedural levels 1-5, or problem files.
+    r"""Math word problems and arithmetic, 1/0 reward by default: procedural levels 1-5, or problem files.
 
     The observation is the problem text followed by "Put your final answer in \boxed{}.". The model's reply is
-    searched for a final answer (``\boxed{}``, ``#### N``, "the answer is X", else the last number; see
-    `extract_answer`) and compared with the gold answer exactly for numbers and with math-verify otherwise (see
-    `answers_match`, which is safe off the main thread).
+    searched for a final answer (``\boxed{}``, ``#### N``, "the answer is X", else the last math span or number;
+    only ``\boxed{}`` with ``strict=True``; see `find_answer`) and compared with each acceptable gold answer exactly
+    for numbers and with math-verify otherwise (see `answers_match`, which is safe off the main thread).
 
     Problem choice on `reset(seed=...)`:
         * procedural: the problem is drawn from ``self.np_random``, so the same seed gives the same problem, and
@@ -76,8 +76,9 @@ class MathEnv(TextEnv):
         * file: with a seed, problem ``seed % len(problems)``, so seeds ``0..N-1`` walk the whole file in order
           (handy for evaluation); with ``seed=None``, a uniform draw from ``self.np_random``.
 
-    ``info`` on reset: ``task_type`` (``"level<n>"``, ``"gsm8k"`` or ``"math"``), ``problem_id``, ``level``, ``turn``.
-    ``info`` on step adds ``extracted_answer`` (None when none was found), ``correct`` and, on the last step,
+    ``info`` on reset: ``task_type`` (``"level<n>"``, ``"gsm8k"``, ``"math"`` or ``"dapo"``), ``problem_id``,
+    ``level``, ``turn``. ``info`` on step adds ``extracted_answer`` (None when none was found), ``correct``,
+    ``followed_format`` (the reply has a non-empty ``\boxed{}``) and, on the last step,
     ``success`` and ``gold_answer``.
 
     Args:

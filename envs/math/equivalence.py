@@ -49,6 +49,8 @@ _DECIMAL_RE = re.compile(r"\.\d")
 _GROUPED_RE = re.compile(
     r"^[-+]?\d{1,3}(?:(?:,|\\,|\{,\}|\\ |\\!)\d{3})+(?:\.\d+)?$|^[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?$"
 )
+_GROUP_SEPARATOR_RE = re.compile(r",|\\,|\{,\}|\\ |\\!| ")
+_OPERATOR_SPACE_RE = re.compile(r"(?<=[-+])\s+|\s+(?=/)|(?<=/)\s+")
 _LATEX_FRACTION_RE = re.compile(r"^([-+]?)\\[dt]?frac\s*(?:\{\s*([-+]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
 _T = TypeVar("_T")
 
@@ -83,10 +85,13 @@ def as_number(answer: str) -> Fraction | None:
         >>> as_number("2x") is None
         True
     """
-    text = answer.strip().replace("−", "-").replace("\\$", "").lstrip("$").strip()
-    if _GROUPED_RE.match(text):
-        text = re.sub(r",|\\,|\{,\}|\\ |\\!| ", "", text)
-    text = re.sub(r"(?<=[-+])\s+|\s*(?=/)|(?<=/)\s*", "", text)
+    text = answer.strip()
+    if "−" in text or "$" in text:
+        text = text.replace("−", "-").replace("\\$", "").lstrip("$").strip()
+    if not _PLAIN_NUMBER_RE.match(text):  # the common plain case skips the rewriting below
+        if _GROUPED_RE.match(text):
+            text = _GROUP_SEPARATOR_RE.sub("", text)
+        text = _OPERATOR_SPACE_RE.sub("", text)
     try:
         if _PLAIN_NUMBER_RE.match(text):
             return Fraction(text)
@@ -121,18 +126,18 @@ def answers_match(gold: str, predicted: str | None, timeout_s: float = 2.0) -> b
     """
     if predicted is None or gold is None:
         return False
+    # The common case first: two plain numbers need no cleaning (microseconds per check).
+    numeric = _numbers_match(gold, predicted)
+    if numeric is not None:
+        return numeric
     gold, predicted = normalize_answer(gold), normalize_answer(predicted)
     if not gold or not predicted:
         return False
     if _squash(gold) == _squash(predicted):
         return True
-    gold_number, predicted_number = as_number(gold), as_number(predicted)
-    if gold_number is not None and predicted_number is not None:
-        if gold_number == predicted_number:
-            return True
-        if _DECIMAL_RE.search(gold) or _DECIMAL_RE.search(predicted):
-            return round(gold_number, FLOAT_ROUNDING) == round(predicted_number, FLOAT_ROUNDING)
-        return False
+    numeric = _numbers_match(gold, predicted)
+    if numeric is not None:
+        return numeric
     _import_math_verify()  # outside the timed thread: the first import alone can take seconds on a busy machine
     verdict = _run_bounded(lambda: _math_verify(gold, predicted), timeout_s)
     return bool(verdict)
@@ -163,6 +168,18 @@ def normalize_answer(gold: str) -> str:
         # \boxed{2} bins" is 1, 2); otherwise the last box is the answer.
         return ", ".join(clean_answer(content) for content in boxed_list(text, max_gap_words=2) if content.strip())
     return clean_answer(text)
+
+
+def _numbers_match(gold: str, predicted: str) -> bool | None:
+    """Whether two plain numbers are equal (exactly, or rounded when one is a decimal); None unless both are numbers."""
+    gold_number, predicted_number = as_number(gold), as_number(predicted)
+    if gold_number is None or predicted_number is None:
+        return None
+    if gold_number == predicted_number:
+        return True
+    if _DECIMAL_RE.search(gold) or _DECIMAL_RE.search(predicted):
+        return round(gold_number, FLOAT_ROUNDING) == round(predicted_number, FLOAT_ROUNDING)
+    return False
 
 
 def _squash(text: str) -> str:

@@ -24,6 +24,7 @@ as LaTeX for `answers_match` to compare symbolically.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 _BOX_JOINER_RE = re.compile(
     r"^(?:\s|,|;|\$|\\quad|\\qquad|\\,|\\[()\[\]]|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|&)*$"
 )
+_BRACE_RE = re.compile(r"[{}]")
 _HASHES_RE = re.compile(r"####\s*([^\n]*)")
 _ANSWER_PHRASE_RE = re.compile(r"(?:final\s+answer|the\s+answer|answer)\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
 _MATH_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
@@ -198,7 +200,8 @@ def boxed_list(text: str, max_gap_words: int | None = None) -> list[str]:
     return [content.strip() for _, _, content in group]
 
 
-def _boxes(text: str) -> list[tuple[int, int, str]]:
+@functools.lru_cache(maxsize=16)  # one reply is scanned by several rules and the format check
+def _boxes(text: str) -> tuple[tuple[int, int, str], ...]:
     r"""Every closed box as (start of ``\boxed``, end after its argument, content), in text order."""
     closing = _closing_braces(text)
     found = []
@@ -211,7 +214,7 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
             token = re.match(r"[^\s$]+", text[start:])
             if token:
                 found.append((match.start(), start + token.end(), token.group(0)))
-    return found
+    return tuple(found)
 
 
 def _boxed_group(text: str) -> str | None:
@@ -222,11 +225,11 @@ def _boxed_group(text: str) -> str | None:
 def _closing_braces(text: str) -> dict[int, int]:
     """Map the index of every ``{`` that closes to the index of its ``}``, in one pass (long junk stays linear)."""
     pairs, open_stack = {}, []
-    for i, char in enumerate(text):
-        if char == "{":
-            open_stack.append(i)
-        elif char == "}" and open_stack:
-            pairs[open_stack.pop()] = i
+    for match in _BRACE_RE.finditer(text):  # only the braces, not every character, go through Python
+        if match.group() == "{":
+            open_stack.append(match.start())
+        elif open_stack:
+            pairs[open_stack.pop()] = match.start()
     return pairs
 
 

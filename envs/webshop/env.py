@@ -90,6 +90,9 @@ class WebShopEnv(TextEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    # Pages answer the agent's clicks and searches: as tool results they keep Qwen3's token prefix, so an episode
+    # trains as one sample, not one per step (see agentrl.rollout_layout).
+    rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
     shared: ClassVar[type[WebShopResource]] = WebShopResource
 
     def __init__(
@@ -307,14 +310,18 @@ class WebShopEnv(TextEnv):
 
     # ------------------------------------------------------------------------------------------------ expert
     def expert_action(self) -> str:
-        """A gold next action: search the goal product's title, open it, choose the goal options, buy.
+        """A gold next action: search the instruction, open the goal product, choose the goal options, buy.
 
-        When the title search does not list the product in its top 50, the expert searches the instruction text.
+        The expert searches with the instruction's own words first, as an agent can: its episodes are demonstrations
+        a model can imitate from what it sees (on generated catalogues the product is on the first results page
+        for about 19 goals in 20). When that search does not list the product in its top 50, it searches the
+        product's title (which only the expert knows).
         """
         if self.goal is None:
             raise RuntimeError("webshop: call reset() before expert_action()")
         target = int(self.goal["product_index"])
         title_query = self.goal["name"].lower()
+        instruction_query = self.instruction.lower()
         page = self._page.name
         if page == "done":
             return "click[buy now]"  # nothing left to do; a no-op here
@@ -332,9 +339,7 @@ class WebShopEnv(TextEnv):
                 return "click[next >]"
             if target in self.results:
                 return "click[< prev]"
-            if self.keywords == title_query:
-                return f"search[{self.instruction.lower()}]"
-        return f"search[{title_query}]"
+        return f"search[{title_query if self.keywords == instruction_query else instruction_query}]"
 
     def _missing_goal_options(self) -> list[tuple[str, str]]:
         goal_options = self.goal["goal_options"]

@@ -22,7 +22,9 @@ dropped, every non-word character made a space, lowercased, stripped), rounded w
 `token_set_ratio` reproduces that exactly; rapidfuzz's Indel ratio differs on some strings.
 
 Title nouns: the original tags product names with spaCy's ``en_core_web_sm`` and keeps NOUN / PROPN tokens. We do
-the same when spaCy and an English model are installed (the default install has both); see `NOUN_TAGGERS`. The
+the same when spaCy and an English model are installed (the default install has both); see `NOUN_TAGGERS`. A
+catalogue tags every name once when it is built (`tag_names`), so scoring in runner processes reads stored nouns
+and never loads spaCy (about 100 MB and a few seconds per process). The
 remaining deviations from the original are listed in one place: ``envs/webshop/DEVIATIONS.md``.
 """
 
@@ -30,9 +32,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,24 +183,24 @@ _ADJECTIVES = frozenset(
     "stylish durable lightweight compact unisex real fine rich deep bright solid plain black white red blue green "
     "yellow pink purple grey gray brown orange beige silver gold navy".split()
 )
-_TOKEN = re.compile(r"[A-Za-z0-9]+(?:[-'][A-Za-z0-9]+)*|[^\sA-Za-z0-9]")
+_TOKEN = re.compile(r"[A-Za-z0-9]+(?:\.[0-9]+)?")
 
 
 @functools.lru_cache(maxsize=262144)
 def heuristic_title_nouns(name: str) -> tuple[str, ...]:
-    """A dependency-free stand-in for `spacy_title_nouns`: words that are not stopwords or common adjectives.
+    """A dependency-free stand-in for `spacy_title_nouns`.
 
-    spaCy tags brands, model codes, numbers with units and most product words as nouns, so this keeps every
-    alphanumeric token except stopwords, common product adjectives and colour adjectives, and bare numbers
-    (NUM). It agrees with spaCy on most names but not all; ``bench/webshop_reward_parity.py`` measures how often
-    the reward differs.
+    Splits words as spaCy does around hyphens and possessives ("men's" -> "men"), then keeps Title-Case words (spaCy
+    tags most of them PROPN in product names, colours and adjectives included) and lowercase words that are not
+    stopwords or common adjectives; bare numbers (NUM) go. It agrees with spaCy on the generated catalogue's names
+    but often not on real ones; see ``DEVIATIONS.md`` for the measured difference.
     """
     nouns = []
-    for token in _TOKEN.findall(name):
+    for token in _TOKEN.findall(name.replace("'s", " ")):
         word = token.lower()
-        if not word[0].isalnum() or word in _STOPWORDS or word in _ADJECTIVES:
+        if word in _STOPWORDS or re.fullmatch(r"[\d.]+", word):
             continue
-        if re.fullmatch(r"[\d.,/-]+", word):
+        if token[0].islower() and word in _ADJECTIVES:
             continue
         nouns.append(word)
     return tuple(nouns)
@@ -222,6 +225,39 @@ def _default_tagger() -> str:
     return "heuristic"
 
 
+def resolve_tagger(tagger: str = "auto") -> str:
+    """The tagger name `tagger` stands for: ``"auto"`` is spaCy when installed, else the heuristic (with a warning)."""
+    chosen = _default_tagger() if tagger == "auto" else tagger
+    if chosen not in NOUN_TAGGERS:
+        raise ValueError(f"webshop: noun tagger must be 'auto' or one of {sorted(NOUN_TAGGERS)}, got {tagger!r}")
+    return chosen
+
+
+def tag_names(names: Iterable[str], tagger: str = "auto", batch_size: int = 256) -> Iterator[tuple[str, ...]]:
+    """`title_nouns` of many names, batched through spaCy's ``pipe`` (several times faster than one by one)."""
+    chosen = resolve_tagger(tagger)
+    if chosen != "spacy":
+        yield from (NOUN_TAGGERS[chosen](name) for name in names)
+        return
+    names = iter(names)
+    while batch := list(itertools.islice(names, batch_size)):
+        for doc in _spacy_pipeline().pipe(batch, batch_size=batch_size):
+            yield tuple(t.text.lower() for t in doc if t.pos_ in _NOUN_POS)
+
+
+def record_nouns(record: Mapping[str, Any], tagger: str = "auto") -> list[str]:
+    """The nouns of a product's or goal's ``name``: tagged when the catalogue was built, else tagged now.
+
+    Catalogues store ``name_nouns`` and ``name_nouns_tagger`` on every product and goal (see `WebShopResource`), so
+    runner processes never load spaCy. The stored nouns are used for ``tagger="auto"`` and for the tagger that
+    produced them.
+    """
+    stored = record.get("name_nouns")
+    if stored is not None and tagger in ("auto", record.get("name_nouns_tagger")):
+        return list(stored)
+    return title_nouns(record["name"], tagger)
+
+
 def title_nouns(name: str, tagger: str = "auto") -> list[str]:
     """The lowercased nouns of a product name: spaCy's NOUN / PROPN tokens, or the heuristic without spaCy.
 
@@ -229,10 +265,7 @@ def title_nouns(name: str, tagger: str = "auto") -> list[str]:
         name: the product name.
         tagger: ``"auto"`` (spaCy when installed, else the heuristic, with a warning), ``"spacy"`` or ``"heuristic"``.
     """
-    chosen = _default_tagger() if tagger == "auto" else tagger
-    if chosen not in NOUN_TAGGERS:
-        raise ValueError(f"webshop: noun tagger must be 'auto' or one of {sorted(NOUN_TAGGERS)}, got {tagger!r}")
-    return list(NOUN_TAGGERS[chosen](name))
+    return list(NOUN_TAGGERS[resolve_tagger(tagger)](name))
 
 
 # ------------------------------------------------------------------------------------------------------ scoring
@@ -266,8 +299,8 @@ def _type_score(goal: Mapping[str, Any], product: Mapping[str, Any], tagger: str
     bought_path = {level.strip() for level in product["product_category"].split("›")}
     goal_path = {level.strip() for level in goal["product_category"].split("›")}
     category_match = len(bought_path & goal_path) >= 2
-    goal_nouns = title_nouns(goal["name"], tagger)
-    bought_nouns = title_nouns(product["name"], tagger)
+    goal_nouns = record_nouns(goal, tagger)
+    bought_nouns = record_nouns(product, tagger)
     title_score = len(set(goal_nouns) & set(bought_nouns)) / len(goal_nouns) if goal_nouns else 0.2
     r_type = 1.0
     if not (query_match or category_match or title_score > 0.2):

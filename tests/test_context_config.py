@@ -1,0 +1,67 @@
+"""One context configuration for run and eval: `agentrl eval --model RUN/checkpoint` builds the run's prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+import agentrl
+from agentrl.config import ConfigError, ContextConfig, RunConfig, apply_overrides, load_config
+from agentrl.context import ChatContext
+from agentrl.evaluate import EvalConfig, evaluate, training_context
+from agentrl.models import load_model
+from agentrl.records import load_trajectories
+from agentrl.train import train
+
+# Every context setting away from its default: tool observations, a recap, an explicit family, per-turn budgets
+# (the second turn gets fewer tokens) and thinking off.
+CONTEXT = {"observation_role": "tool", "recap_actions": 1, "chat_family": "qwen3",
+           "max_new_tokens_by_turn": (6, 3), "enable_thinking": False}
+ENV = {"mode": "multi", "max_turns": 3}  # wrong answers get feedback and another turn: multi-turn episodes
+
+
+def _replay(tokenizer, family: str, context: ContextConfig, traj) -> list[tuple[int, ...]]:
+    """The prompts `context` builds for the recorded replies and observations of `traj`."""
+    kwargs = context.rollout_kwargs(family)
+    system_prompt = agentrl.make(traj.env_id, **ENV).system_prompt
+    ctx = ChatContext(tokenizer, system_prompt, kwargs["chat_kwargs"], **kwargs["context_options"])
+    prompts = [tuple(ctx.first_prompt(traj.first_observation))]
+    for prev in traj.turns[:-1]:
+        prompts.append(tuple(ctx.next_prompt(prev.generated_ids, prev.observation)[0]))
+    return prompts
+
+
+def test_eval_of_a_run_builds_the_runs_prompts_byte_for_byte(tmp_path):
+    cfg = apply_overrides(RunConfig(), {
+        "model": "tiny-qwen3", "env.id": "math", "env.kwargs": ENV, "steps": 1, "output": str(tmp_path / "run"),
+        "rollout.prompts_per_step": 1, "rollout.group_size": 2, "rollout.max_new_tokens": 6, "guard.enabled": False,
+        **{f"context.{k}": v for k, v in CONTEXT.items()},
+    })
+    run = train(cfg, progress=False)
+    assert training_context(str(run / "checkpoint")) == ContextConfig(**CONTEXT)  # recorded with the run
+
+    results = evaluate(EvalConfig(env_id="math", model=str(run / "checkpoint"), episodes=2, env_kwargs=ENV,
+                                  max_turns=3, max_new_tokens=6, engine_batch_size=4, output=str(tmp_path / "eval"),
+                                  transcripts=0), progress=False)  # fmt: skip
+    assert results["context"]["source"] == "training run (config.yaml)"
+    policy = load_model(str(run / "checkpoint"))
+    trained = load_trajectories(run / "trajectories.jsonl")
+    evaluated = load_trajectories(tmp_path / "eval" / "trajectories.jsonl")
+    assert max(len(t.turns) for t in evaluated) >= 2  # the observation role and recap show from turn 2 on
+    for traj in trained:  # the training context's own rendering reproduces what training saw ...
+        assert _replay(policy.tokenizer, policy.family, cfg.context, traj) == [t.prompt_ids for t in traj.turns]
+    for traj in evaluated:  # ... and what eval fed the model is byte-identical to it, turn after turn
+        assert _replay(policy.tokenizer, policy.family, cfg.context, traj) == [t.prompt_ids for t in traj.turns]
+        assert all(len(t.generated_ids) <= 3 for t in traj.turns[1:])  # the run's per-turn budget
+    default = ContextConfig(observation_role="user")  # the defaults, with math's resolved observation role
+    assert any(_replay(policy.tokenizer, policy.family, default, t) != [u.prompt_ids for u in t.turns]
+               for t in evaluated)  # the settings matter: the default context builds other prompts
+
+
+def test_legacy_rollout_keys_still_load(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("rollout: {observation_role: tool, recap_actions: 2, group_size: 4}\n")
+    cfg = load_config(path)
+    assert (cfg.context.observation_role, cfg.context.recap_actions, cfg.rollout.group_size) == ("tool", 2, 4)
+    path.write_text("rollout: {observation_role: tool}\ncontext: {observation_role: user}\n")
+    with pytest.raises(ConfigError, match="context.observation_role is set twice"):
+        load_config(path)

@@ -1,0 +1,133 @@
+"""The objective options in the training loop: options built once, Dr.GRPO's divisor, GiGPO, training-step records."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import agentrl.train as train_mod
+from agentrl.config import ConfigError, RunConfig, apply_overrides
+from agentrl.models import load_model
+from agentrl.objective import CollapseGuard
+from agentrl.records import Sample, Trajectory, Turn, load_trajectories
+from agentrl.train import as_trained, build_loss_options, train
+from agentrl.training.microbatch import collate
+
+
+def _cfg(tmp_path, **overrides) -> RunConfig:
+    base = {"model": "tiny-qwen3", "env.id": "math", "env.kwargs": {"mode": "multi", "max_turns": 2}, "steps": 1,
+            "output": str(tmp_path / "run"), "rollout.prompts_per_step": 2, "rollout.group_size": 2,
+            "rollout.max_new_tokens": 6, "guard.enabled": False}
+    return apply_overrides(RunConfig(), base | overrides)
+
+
+def test_dr_grpo_divisor_is_the_configured_response_length(tmp_path):
+    cfg = _cfg(tmp_path, **{"loss.name": "dr_grpo", "context.max_new_tokens_by_turn": (6, 12)})
+    assert build_loss_options(cfg).loss_scale_factor == 12.0  # the largest per-turn budget
+    assert build_loss_options(_cfg(tmp_path, **{"loss.name": "dr_grpo"})).loss_scale_factor == 6.0
+    explicit = _cfg(tmp_path, **{"loss.name": "dr_grpo", "loss.options": {"loss_scale_factor": 100.0}})
+    assert build_loss_options(explicit).loss_scale_factor == 100.0
+    assert build_loss_options(_cfg(tmp_path)).loss_scale_factor is None  # MiniRL has no constant divisor
+
+
+def _traj(version: int, group: int) -> Trajectory:
+    turn = Turn((1,), (2,), (-0.1,), "a", "o", 1.0)
+    return Trajectory("math", group, group, (turn,), "q", 1.0, True, True, False, policy_version=version)
+
+
+def test_as_trained_records_the_step_and_keeps_groups_of_versions_apart():
+    # An async step may train on rollouts of versions 3 and 4, both numbering their groups from 0.
+    trained = as_trained([_traj(3, 0), _traj(3, 0), _traj(4, 0), _traj(4, 1)], step=5)
+    assert [t.group_id for t in trained] == [0, 0, 1, 2]
+    assert {t.train_step for t in trained} == {5}
+    assert [t.policy_version for t in trained] == [3, 3, 4, 4]
+
+
+def test_collate_spreads_per_turn_advantages_over_tokens():
+    plain = Sample((1, 2, 3), (0, 1, 1), (0.0, -0.1, -0.2), 0.5, 0)
+    per_turn = Sample((1, 2, 3, 4), (0, 1, 0, 1), (0.0, -0.1, 0.0, -0.3), 0.7, 0,
+                      token_advantages=(0.0, 0.7, 0.0, -0.2))
+    mb = collate([plain, per_turn], pad_id=0)
+    # Position t predicts token t + 1: the advantages shift by one like the mask.
+    torch.testing.assert_close(mb.advantages, torch.tensor([[0.5, 0.5, 0.0], [0.7, 0.0, -0.2]]))  # 0 on padding
+    assert collate([plain], pad_id=0).advantages.tolist() == [0.5]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"loss.name": "dr_grpo"},
+    {"loss.advantage": "gigpo", "loss.advantage_options": {"gamma": 0.9}},
+])  # fmt: skip
+def test_runs_train_with_the_new_options(tmp_path, overrides):
+    out = train(_cfg(tmp_path, **overrides), progress=False)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["step"] == 0 and row["loss"] is not None
+    assert {t.train_step for t in load_trajectories(out / "trajectories.jsonl")} == {0}
+
+
+def test_reference_kl_in_loss_and_reward_and_entropy_bonus_in_the_loop(tmp_path):
+    out = train(_cfg(tmp_path, **{"loss.options": {"kl_coef": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01},
+                                  "loss.kl_reward_coef": 0.05}), progress=False)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    reference = load_model("tiny-qwen3").model  # the frozen copy: parameters and buffers, float32
+    assert row["ref_model_bytes"] == sum(t.numel() * 4 for t in (*reference.parameters(), *reference.buffers()))
+    assert row["ref_kl"] == pytest.approx(0.0, abs=1e-6)  # one on-policy update: pi_theta = pi_ref
+    assert abs(row["kl_reward_penalty_mean"]) < 1e-3  # 0.05 * sum_t k1(mu, pi_ref): the engine samples pi_ref itself
+    assert row["policy_entropy"] == pytest.approx(row["entropy"], rel=1e-4)  # the bonus's entropy is pi_old's
+
+
+def test_no_reference_unless_asked_and_bypass_mode(tmp_path):
+    out = train(_cfg(tmp_path, **{"loss.bypass": True}), progress=False)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert "ref_model_bytes" not in row and "ref_kl" not in row
+    assert row["kl_k3"] == 0.0 and row["is_weight_mean"] == 1.0  # pi_old = mu: no ratio, no mismatch to measure
+    assert row["entropy"] > 0  # from the update pass: no pi_old pass ran
+
+
+def test_bypass_with_r2_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="loss.bypass must be false with routing_replay r2"):
+        _cfg(tmp_path, **{"loss.bypass": True, "loss.routing_replay": "r2"})
+
+
+def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_good_step(tmp_path, monkeypatch):
+    # save_every 2: step 1 is saved (healthy). Step 3 is a save step too, and the injected collapse hits it: it must
+    # not be saved, and the rollback must restore step 1's weights and AdamW moments together.
+    saved: dict[int, tuple[dict, dict]] = {}
+    restored: list[tuple[int, dict, dict]] = []
+    real_save, real_restore, real_update = train_mod.Run.save, train_mod.restore_checkpoint, CollapseGuard.update
+
+    def snapshot(backend) -> tuple[dict, dict]:  # the single-process backend's live module and AdamW
+        return copy.deepcopy(backend.model.state_dict()), copy.deepcopy(backend.optimizer.state_dict())
+
+    def save(self, step):
+        saved[step] = snapshot(self.backend)
+        return real_save(self, step)
+
+    def restore(out, backend, publish):
+        step = real_restore(out, backend, publish)
+        restored.append((step, *snapshot(backend)))
+        return step
+
+    def update(self, metrics, step=None):
+        return real_update(self, metrics | ({"entropy": 0.0} if step == 3 else {}), step=step)
+
+    monkeypatch.setattr(train_mod.Run, "save", save)
+    monkeypatch.setattr(train_mod, "restore_checkpoint", restore)
+    monkeypatch.setattr(CollapseGuard, "update", update)
+    cfg = _cfg(tmp_path, steps=4, save_every=2, **{
+        "env.kwargs": {}, "optim.lr": 1e-2, "guard.enabled": True, "guard.action": "rollback", "guard.patience": 1,
+        "guard.entropy_min": 1e-6, "guard.k3_max": 1e9})
+    train(cfg, progress=False)
+    assert sorted(saved) == [1]  # step 3 was due but unhealthy
+    (step, weights, optim), = restored
+    assert step == 1
+    good_weights, good_optim = saved[1]
+    assert all(torch.equal(weights[k], good_weights[k]) for k in good_weights)
+    assert optim["state"].keys() == good_optim["state"].keys()
+    for k, state in good_optim["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(optim["state"][k][name], state[name]), (k, name)
+    ckpt_state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert ckpt_state["step"] == 1
