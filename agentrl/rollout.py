@@ -1,12 +1,14 @@
 """The agent loop: drive an inference engine against envs in a runner pool and return `Trajectory` records.
 
-Episodes run side by side. The driver keeps each episode's chat context and calls the engine once per round on
-every episode that is waiting for an action (turns are batched across episodes); the actions go to the runner pool
-(`agentrl.pool`) as futures, one Ray call per runner process per round, so with Ray runners the envs step while the
-engine generates for other episodes.
-With the in-process pool (``runners=0``) every call returns at once and each round is exactly one turn of every
-running episode. Token-in/token-out: the ids the engine generated go into the next turn's context verbatim (see
-`agentrl.context`), never re-tokenized from text; runners only ever see action text.
+Episodes run side by side. The driver keeps each episode's chat context; each turn is one engine request
+(`agentrl.engine.base.RequestEngine`), submitted as soon as the episode's observation is in, and its result is handled
+as soon as it finishes (continuous batching: a vLLM engine or engine actors never hold a turn back for the slowest
+episode; a batch-only engine such as the HF one samples every waiting turn in one batch per round). The actions go
+to the runner pool (`agentrl.pool`) as futures, one Ray call per runner process per round, so with Ray runners the
+envs step while the engine generates for other episodes.
+With the in-process pool (``runners=0``) and the HF engine every call returns at once and each round is exactly one
+turn of every running episode. Token-in/token-out: the ids the engine generated go into the next turn's context
+verbatim (see `agentrl.context`), never re-tokenized from text; runners only ever see action text.
 
 Faults (see `agentrl.pool`): an episode whose env raised, hung or lost its runner is re-run from its seed, at most
 `max_episode_retries` times; after that its whole group is dropped, never kept partially (a partial group would
@@ -14,11 +16,14 @@ bias the group-mean advantage). Every retry and drop is counted in `RolloutStats
 
 Determinism: with a deterministic engine (greedy decoding, or any engine whose output depends only on the prompt)
 the trajectories for given seeds do not depend on the number of runners. A sampling engine whose random stream
-depends on the batch (the HF engine draws from one generator per call) gives different samples when batches differ.
+depends on the batch (the HF engine draws from one generator per call) gives different samples when batches differ;
+every request carries its own seed (from the episode, its attempt and its turn), so an engine that seeds per request
+(vLLM) gives the same samples whatever the schedule.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -27,7 +32,8 @@ from dataclasses import dataclass, field, replace
 
 from agentrl.context import ChatContext
 from agentrl.core import TextEnv
-from agentrl.engine.base import InferenceEngine, SamplingParams
+from agentrl.engine.base import EngineRequest, EngineResult, InferenceEngine, RequestEngine, SamplingParams
+from agentrl.engine.requests import as_request_engine
 from agentrl.pool import Completion, EnvFailure, LocalPool, RayPool
 from agentrl.records import Trajectory, Turn
 from agentrl.roundtrip import check_roundtrip
@@ -35,6 +41,8 @@ from agentrl.roundtrip import check_roundtrip
 __all__ = ["collect_trajectories", "run_rollout", "Episode", "RolloutResult", "RolloutStats", "RolloutInterrupted"]
 
 log = logging.getLogger(__name__)
+
+_SESSIONS = itertools.count()  # engine sessions: one per episode attempt, unique in the process
 
 
 @dataclass
@@ -60,6 +68,7 @@ class Episode:
     slot: int = -1
     policy_version: int | None = None
     pending_turn: dict | None = None
+    session: int = -1
 
 
 @dataclass
@@ -78,6 +87,8 @@ class RolloutStats:
         dropped_groups: groups dropped whole after too many failures.
         failures: one line per failure (kind, seed, message), oldest first.
         seconds: wall time of the whole rollout.
+        engine: the engine's own metrics for this rollout (weight-sync seconds, prefix-cache hit rate), filled in
+            by the scheduler.
     """
 
     episodes: int = 0
@@ -91,6 +102,7 @@ class RolloutStats:
     dropped_groups: int = 0
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    engine: dict[str, float] = field(default_factory=dict)
 
     def progress_fields(self) -> dict[str, str]:
         """The live progress line: episodes done, env steps/s, tokens/s, errors."""
@@ -103,7 +115,7 @@ class RolloutStats:
         elapsed = max(self.seconds, 1e-9)
         return {"env_steps_per_s": self.env_steps / elapsed, "tokens_per_s": self.generated_tokens / elapsed,
                 "env_errors": float(self.errors), "episode_retries": float(self.retries),
-                "dropped_groups": float(self.dropped_groups)}
+                "dropped_groups": float(self.dropped_groups), **self.engine}
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,7 @@ def run_rollout(
     env_id: str,
     seeds: Sequence[int],
     group_size: int,
-    engine: InferenceEngine,
+    engine: InferenceEngine | RequestEngine,
     tokenizer,
     sampling: SamplingParams,
     *,
@@ -156,7 +168,7 @@ def run_rollout(
         env_id: recorded in each trajectory.
         seeds: one task per seed.
         group_size: episodes per seed (a group).
-        engine: samples the model's replies.
+        engine: samples the model's replies: a batch engine (`generate`) or a request engine (`submit` / `poll`).
         tokenizer: renders contexts with its chat template.
         sampling: sampling settings; `sampling.seed` (if set) is varied per engine call.
         max_turns: model calls per episode; an episode still running after that is truncated.
@@ -185,7 +197,6 @@ def run_rollout(
     fresh_slots: set[int] = set()  # slots whose env failed: the next episode there gets a new env
     by_slot: dict[int, Episode] = {}
     waiting: list[Episode] = []  # have a prompt, need an action
-    engine_calls = 0
 
     def start_episodes() -> None:
         while free_slots and todo:
@@ -275,42 +286,69 @@ def run_rollout(
         if on_progress is not None:
             on_progress(stats)
 
+    def submit(ep: Episode) -> None:
+        nonlocal next_request
+        turn = len(ep.turns)
+        params = sampling
+        if max_new_tokens_by_turn:
+            params = replace(params, max_new_tokens=int(max_new_tokens_by_turn[min(turn, len(max_new_tokens_by_turn)
+                                                                                   - 1)]))
+        if sampling.seed is not None:  # a seed per episode, attempt and turn: reproducible whatever the schedule
+            episode = ep.group_id * group_size + ep.index
+            params = replace(params, seed=(sampling.seed + 7919 * turn + 104729 * episode
+                                           + 15485863 * (ep.attempts + ep.collateral)) % 2**63)
+        if ep.session < 0:
+            ep.session = next(_SESSIONS)
+        request = EngineRequest(next_request, tuple(ep.prompt), params, session=ep.session)
+        generating[next_request] = (ep, time.perf_counter())
+        next_request += 1
+        requests.submit(request)
+
+    def on_generation(result: EngineResult) -> None:
+        ep, submitted_at = generating.pop(result.request_id)
+        if ep.group_id in dropped:  # its group is gone while the turn was sampled
+            release(ep)
+            return
+        gen = result.generation
+        version = policy_version if policy_version is not None else result.policy_version
+        ep.policy_version = int(version) if ep.policy_version is None else min(ep.policy_version, int(version))
+        action = ep.context.action_from_reply(gen.token_ids)
+        stats.generated_tokens += len(gen.token_ids)
+        ep.pending_turn = dict(
+            prompt_ids=tuple(ep.prompt), generated_ids=tuple(gen.token_ids),
+            rollout_logprobs=tuple(gen.logprobs), action=action, finish_reason=gen.finish_reason,
+            new_segment=ep.new_segment, generate_seconds=time.perf_counter() - submitted_at,
+            routed_experts=gen.routed_experts,
+            roundtrip_drift=check_roundtrip(tokenizer, ep.prompt, gen.token_ids).drift,
+        )
+        pool.submit_step(ep.slot, action)
+
+    # Continuous batching: every waiting turn is its own engine request, submitted as soon as its observation is
+    # in; results come back as each finishes, so an episode never waits for the slowest one of a round.
+    requests = as_request_engine(engine)
+    generating: dict[int, tuple[Episode, float]] = {}
+    next_request = 0
     try:
         while todo or by_slot:
             start_episodes()
-            for c in pool.poll(block=not waiting):
+            for c in pool.poll(block=not waiting and not generating):
                 handle(c)
             start_episodes()
             report()
-            if not waiting:
-                continue
-            batch = [ep for ep in waiting if ep.group_id not in dropped]
             for ep in waiting:
                 if ep.group_id in dropped:
                     release(ep)
+                else:
+                    submit(ep)
             waiting.clear()
-            if not batch:
+            if not generating:
                 continue
-            params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + 7919 * engine_calls)
-            engine_calls += 1
-            version = policy_version if policy_version is not None else getattr(engine, "policy_version", 0)
             t0 = time.perf_counter()
-            generations = _generate_per_turn_budget(engine, batch, params, max_new_tokens_by_turn)
-            seconds = time.perf_counter() - t0
-            stats.generate_seconds += seconds
-            for ep, gen in zip(batch, generations):
-                if ep.policy_version is None:
-                    ep.policy_version = int(version)
-                action = ep.context.action_from_reply(gen.token_ids)
-                stats.generated_tokens += len(gen.token_ids)
-                ep.pending_turn = dict(
-                    prompt_ids=tuple(ep.prompt), generated_ids=tuple(gen.token_ids),
-                    rollout_logprobs=tuple(gen.logprobs), action=action, finish_reason=gen.finish_reason,
-                    new_segment=ep.new_segment, generate_seconds=seconds / len(batch),
-                    routed_experts=gen.routed_experts,
-                    roundtrip_drift=check_roundtrip(tokenizer, ep.prompt, gen.token_ids).drift,
-                )
-                pool.submit_step(ep.slot, action)
+            # Env calls in flight: come back soon for their results; none: wait for the engine.
+            results = requests.poll(timeout=0.02 if pool.in_flight else None)
+            stats.generate_seconds += time.perf_counter() - t0
+            for result in results:
+                on_generation(result)
             report()
     except KeyboardInterrupt:
         stats.seconds = time.perf_counter() - t_start
@@ -322,22 +360,6 @@ def run_rollout(
             clear_cache()
     stats.seconds = time.perf_counter() - t_start
     return _result(finished, dropped, group_size, env_id, stats)
-
-
-def _generate_per_turn_budget(engine: InferenceEngine, batch: list[Episode], params: SamplingParams,
-                              budgets: Sequence[int]) -> list:
-    """One engine call per distinct turn budget (episodes in a batch can be at different turns)."""
-    if not budgets:
-        return engine.generate([ep.prompt for ep in batch], params)
-    by_budget: dict[int, list[int]] = {}
-    for i, ep in enumerate(batch):
-        by_budget.setdefault(int(budgets[min(len(ep.turns), len(budgets) - 1)]), []).append(i)
-    out: list = [None] * len(batch)
-    for budget, members in by_budget.items():
-        gens = engine.generate([batch[i].prompt for i in members], replace(params, max_new_tokens=budget))
-        for i, gen in zip(members, gens):
-            out[i] = gen
-    return out
 
 
 def _result(finished: dict[int, list[Episode]], dropped: set[int], group_size: int, env_id: str,
@@ -356,7 +378,7 @@ def collect_trajectories(
     env_id: str,
     seeds: Sequence[int],
     group_size: int,
-    engine: InferenceEngine,
+    engine: InferenceEngine | RequestEngine,
     tokenizer,
     sampling: SamplingParams,
     *,
@@ -377,7 +399,7 @@ def collect_trajectories(
         env_id: recorded in each trajectory.
         seeds: one task per seed.
         group_size: episodes per seed (a group).
-        engine: samples the model's replies.
+        engine: samples the model's replies: a batch engine (`generate`) or a request engine (`submit` / `poll`).
         tokenizer: renders contexts with its chat template.
         sampling: sampling settings; `sampling.seed` (if set) is varied per turn so that runs are reproducible.
         max_turns: model calls per episode; an episode still running after that is truncated.

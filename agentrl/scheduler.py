@@ -7,14 +7,18 @@ s is ``s - trajectory.policy_version``. The loss corrects for it without any ext
 trainer's current weights and mu is the rollout's own log-prob, so the importance weight pi_old / mu covers both the
 train-inference mismatch and the staleness (decoupled PPO; see docs/objective.md).
 
+Weights: the engine owns its weights; the scheduler hands it the training module's named tensors with their version
+(`update_weights(named_tensors, version)`) and never touches the engine otherwise. The seconds each sync takes, and
+the engine's own counters (prefix-cache hit rate), go into the rollout's metrics.
+
 Modes:
-    * ``sync_every=1`` (default): lockstep on-policy; the engine samples from the training module itself.
-    * ``sync_every=k``: the engine samples from its own copy of the weights, refreshed every k steps, so the
-      samples of step s are at most k-1 versions old.
+    * ``sync_every=1`` (default): lockstep on-policy; weights are synced before every rollout (free when the HF
+      engine was built to share the training module, the cheap choice on one CPU process).
+    * ``sync_every=k``: weights are synced every k steps, so the samples of step s are at most k-1 versions old.
     * ``async_rollout=True``: a producer thread collects the rollout of step s+1 (and up to `max_staleness` steps
       ahead) while step s trains; complete groups wait in a `FreshnessBuffer`, which serves the freshest first and
       evicts any group more than `max_staleness` versions behind. The engine's weights are refreshed after every
-      update, between two engine calls (a lock keeps a refresh from landing in the middle of a generation).
+      update; engines finish the requests already running first, so every sample's version is exact.
 
 Departure from large-scale systems: on one CPU machine, training and generation share the cores, so async mode
 shows the semantics (versions, bound, buffer) more than a speed-up; `bench/pool_pipeline.py` measures the pipeline
@@ -24,7 +28,6 @@ busy fraction the modes reach when generation and training have their own hardwa
 from __future__ import annotations
 
 import atexit
-import copy
 import logging
 import threading
 import time
@@ -33,44 +36,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.buffer import FreshnessBuffer
-from agentrl.engine.base import Generation, InferenceEngine, SamplingParams
+from agentrl.engine.base import InferenceEngine, RequestEngine, SamplingParams
+from agentrl.engine.requests import as_request_engine
 from agentrl.pool import EnvMaker, make_pool
 from agentrl.records import Trajectory, save_trajectories
 from agentrl.rollout import RolloutInterrupted, RolloutResult, RolloutStats, run_rollout
 
-__all__ = ["RolloutScheduler", "LockedEngine", "staleness_metrics"]
+__all__ = ["RolloutScheduler", "staleness_metrics"]
 
 log = logging.getLogger(__name__)
-
-
-class LockedEngine:
-    """An engine whose `generate` and `sync_weights` never overlap (the trainer thread syncs, the producer samples)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self._lock = threading.Lock()
-
-    @property
-    def policy_version(self) -> int:
-        """The version of the weights the engine samples from."""
-        return getattr(self.engine, "policy_version", 0)
-
-    def generate(self, prompts, params: SamplingParams) -> list[Generation]:
-        """`engine.generate` under the lock."""
-        with self._lock:
-            return self.engine.generate(prompts, params)
-
-    def sync_weights(self, model, policy_version: int) -> None:
-        """`engine.sync_weights` under the lock (waits for the generation in progress)."""
-        with self._lock:
-            self.engine.sync_weights(model, policy_version)
-
-    def clear_cache(self) -> None:
-        """`engine.clear_cache` under the lock, for engines that keep prefixes between calls (else a no-op)."""
-        clear = getattr(self.engine, "clear_cache", None)
-        if clear is not None:
-            with self._lock:
-                clear()
 
 
 def staleness_metrics(step: int, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -103,8 +77,8 @@ class RolloutScheduler:
     Args:
         env_id: registry id of the env.
         env_kwargs: its constructor kwargs.
-        engine: the inference engine (its `policy_version` is recorded in trajectories).
-        model: the training module (the engine syncs its weights from it).
+        engine: the inference engine(s) (`agentrl.engine.build_engines`); the scheduler closes it in `close`.
+        model: the training module: its ``state_dict()`` is what the engine receives at each sync.
         tokenizer: for chat contexts.
         seeds_for_step: the task seeds of a step.
         sampling_for_step: the sampling settings of a step.
@@ -126,7 +100,8 @@ class RolloutScheduler:
         maker: builds the envs instead of the registry entry for `env_id` (custom or test envs).
     """
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: InferenceEngine, model: Any, tokenizer,
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: InferenceEngine | RequestEngine, model: Any,
+                 tokenizer,
                  seeds_for_step: Callable[[int], list[int]], sampling_for_step: Callable[[int], SamplingParams],
                  group_size: int, *, runners: int = 0, runner_actors: int = 0, ray_address: str | None = None,
                  step_timeout: float = 60.0, max_episode_retries: int = 2, sync_every: int = 1,
@@ -146,15 +121,14 @@ class RolloutScheduler:
         self.rollout_kwargs = dict(rollout_kwargs or {}, max_episode_retries=max_episode_retries)
         self.interrupted_path = interrupted_path
         self._progress = _Progress(progress)
-        if (sync_every > 1 or async_rollout) and getattr(engine, "model", None) is model:
-            # Off-policy rollouts need weights of their own: the trainer changes `model` in place.
-            engine.model = copy.deepcopy(model)
-        self.engine = LockedEngine(engine)
+        self.engine = as_request_engine(engine)
+        self._sync_seconds = 0.0
         self.pool = make_pool(maker or EnvMaker(env_id, dict(env_kwargs)), runners, actors=runner_actors,
                               step_timeout=step_timeout, address=ray_address)
         atexit.register(self.close)  # an exception or Ctrl-C in the trainer must not leave Ray behind
         self._closed = False
-        self.engine.sync_weights(model, start_step)
+        if self.engine.policy_version != start_step:
+            self._sync(start_step)
         self.buffer = FreshnessBuffer(max_staleness)
         self._cond = threading.Condition()
         self._trainer_version = start_step
@@ -168,18 +142,28 @@ class RolloutScheduler:
 
     # -- sync mode ---------------------------------------------------------------------------------------------
 
+    def _sync(self, version: int) -> None:
+        """Hand the engine the training module's weights as `version`, timed."""
+        t0 = time.perf_counter()
+        self.engine.update_weights(self.model.state_dict().items(), version)
+        self._sync_seconds += time.perf_counter() - t0
+
     def _collect(self, step: int) -> RolloutResult:
-        return run_rollout(self.pool, self.env_id, self.seeds_for_step(step), self.group_size, self.engine,
-                           self.tokenizer, self.sampling_for_step(step), policy_version=None,
-                           on_progress=self._progress, **self.rollout_kwargs)
+        result = run_rollout(self.pool, self.env_id, self.seeds_for_step(step), self.group_size, self.engine,
+                             self.tokenizer, self.sampling_for_step(step), policy_version=None,
+                             on_progress=self._progress, **self.rollout_kwargs)
+        # Sync seconds since the previous rollout (async mode: the syncs that landed while this one ran).
+        seconds, self._sync_seconds = self._sync_seconds, 0.0
+        result.stats.engine = {"weight_sync_seconds": seconds, **self.engine.metrics()}
+        return result
 
     def rollout(self, step: int) -> RolloutResult:
         """The trajectories to train step `step` on (complete groups only) and the rollout's counters."""
         try:
             if self.async_rollout:
                 return self._take(step)
-            if (step - self.start_step) % self.sync_every == 0:
-                self.engine.sync_weights(self.model, step)
+            if (step - self.start_step) % self.sync_every == 0 and self.engine.policy_version != step:
+                self._sync(step)
             return self._collect(step)
         except RolloutInterrupted as e:
             self._save_interrupted(e.result.trajectories)
@@ -193,7 +177,7 @@ class RolloutScheduler:
         """Call after step `step`'s optimizer updates: async mode refreshes the engine to version step + 1."""
         if not self.async_rollout:
             return
-        self.engine.sync_weights(self.model, step + 1)
+        self._sync(step + 1)
         with self._cond:
             self._trainer_version = step + 1
             self._cond.notify_all()
@@ -254,3 +238,4 @@ class RolloutScheduler:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.pool.close()
+        self.engine.close()

@@ -45,7 +45,7 @@ import yaml
 import agentrl
 from agentrl.cluster import ClusterError, start_ray
 from agentrl.config import ConfigError, LossConfig, RunConfig, config_to_dict
-from agentrl.engine import HFEngine, SamplingParams
+from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import (
     CollapseGuard,
@@ -266,8 +266,18 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
                    show) -> RolloutScheduler:
     """The inference engine and the rollout scheduler around it (runner pool, sync interval or async producer)."""
     R = cfg.rollout
-    # MoE rollouts carry the experts the engine chose: R3 replays them, the other modes measure router agreement.
-    engine = HFEngine(policy.model, policy.tokenizer, batch_size=R.engine_batch_size, capture_routes=is_moe)
+    # The rollout engine(s) own their weights; the scheduler hands them the trained weights by version. Lockstep on
+    # one process may share the training module instead (free sync). MoE rollouts carry the experts the engine
+    # chose: R3 replays them, the other modes measure router agreement.
+    spec = EngineSpec(kind=R.engine, dtype=R.engine_dtype or cfg.dtype, batch_size=R.engine_batch_size,
+                      capture_routes=is_moe, kv_cache_gib=R.engine_kv_cache_gib, seed=cfg.seed,
+                      max_model_len=R.max_context_tokens + R.max_new_tokens)
+    share = R.sync_every == 1 and not R.async_rollout
+    try:
+        engine = build_engines(spec, policy, replicas=R.engines, ray_address=R.ray_address, share_module=share,
+                               version=start_step)
+    except EngineError as e:
+        raise TrainingError(str(e)) from None
     sampling = SamplingParams(temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
                               max_new_tokens=R.max_new_tokens, seed=cfg.seed)
     chat_kwargs = cfg.context.chat_kwargs()
@@ -290,6 +300,11 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
         progress=show,
     )
+
+
+def _pad_id(tokenizer) -> int:
+    """The id that pads micro-batches (never trained on: the loss mask is 0 there)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def restore_checkpoint(out: Path, backend: TrainingBackend, publish) -> int | None:
@@ -556,7 +571,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         raise TrainingError(str(e)) from None
     except TrainerFailure as e:
         raise TrainingError(f"the trainer workers could not start: {e}") from None
-    out, pad_id, step = run.out, run.scheduler.engine.engine.pad_id, run.start_step
+    out, pad_id, step = run.out, _pad_id(run.policy.tokenizer), run.start_step
     metrics_file = out / "metrics.jsonl"
     try:
         bar = tqdm(range(run.start_step, cfg.steps), initial=run.start_step, total=cfg.steps, disable=not progress,

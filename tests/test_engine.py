@@ -80,3 +80,54 @@ def test_bad_sampling_params():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
+
+
+def test_engine_owns_a_copy_until_update_weights(tiny_qwen3):
+    """The engine samples from its own weights: the trainer's changes reach it only through update_weights."""
+    import copy
+
+    tok = tiny_qwen3.tokenizer
+    trainer = copy.deepcopy(tiny_qwen3.model)
+    eng = HFEngine(trainer, tok)
+    params = SamplingParams(max_new_tokens=6, seed=4)
+    p = [prompt(tok, "hi")]
+    before = eng.generate(p, params)
+    with torch.no_grad():
+        for w in trainer.parameters():
+            w.add_(0.3 * torch.randn_like(w))
+    assert eng.generate(p, params) == before  # the trainer's step did not touch the engine
+    eng.update_weights(trainer.state_dict().items(), version=7)
+    assert eng.policy_version == 7 and eng.generate(p, params)[0].logprobs != before[0].logprobs
+    eng.update_weights(tiny_qwen3.model.state_dict().items(), version=8)
+    assert eng.generate(p, params) == before
+    with pytest.raises(KeyError, match="not_a_weight"):
+        eng.update_weights([("not_a_weight", torch.zeros(1))], version=9)
+    assert eng.policy_version == 8
+
+
+def test_shared_module_is_an_explicit_choice(tiny_qwen3):
+    eng = HFEngine(tiny_qwen3.model, tiny_qwen3.tokenizer, share_module=True)
+    assert eng.model is tiny_qwen3.model
+    eng.update_weights(tiny_qwen3.model.state_dict().items(), version=3)  # its own tensors: nothing to copy
+    assert eng.policy_version == 3
+    with pytest.raises(ValueError, match="share_module"):
+        HFEngine(tiny_qwen3.model, tiny_qwen3.tokenizer, share_module=True, dtype=torch.bfloat16)
+    assert HFEngine(tiny_qwen3.model, tiny_qwen3.tokenizer).model is not tiny_qwen3.model
+
+
+def test_batched_requests_group_by_settings_and_tag_versions(tiny_qwen3):
+    from agentrl.engine import EngineRequest, as_request_engine
+
+    tok = tiny_qwen3.tokenizer
+    eng = HFEngine(tiny_qwen3.model, tok, share_module=True)
+    eng.policy_version = 5
+    calls = []
+    generate = eng.generate
+    eng.generate = lambda prompts, params: calls.append(len(prompts)) or generate(prompts, params)
+    req = as_request_engine(eng)
+    for i, budget in enumerate([4, 4, 6]):
+        req.submit(EngineRequest(i, tuple(prompt(tok, f"q{i}")), SamplingParams(max_new_tokens=budget, seed=i)))
+    results = sorted(req.poll(), key=lambda r: r.request_id)
+    assert [len(r.generation.token_ids) for r in results] == [4, 4, 6]
+    assert sorted(calls) == [1, 2] and {r.policy_version for r in results} == {5}
+    assert req.poll() == []

@@ -169,13 +169,13 @@ def test_prefill_groups_bound_padding():
 def test_rollout_with_reuse_plays_the_same_episodes_and_frees_the_cache(tiny_qwen3):
     from agentrl.pool import EnvMaker, LocalPool
     from agentrl.rollout import run_rollout
-    from agentrl.scheduler import LockedEngine
+    from agentrl.engine.requests import BatchedRequests
 
     runs = []
     for budget in (0, 2**26):
         engine = HFEngine(tiny_qwen3.model, tiny_qwen3.tokenizer, prefix_cache_bytes=budget)
         pool = LocalPool(EnvMaker("math", {"level": 1, "mode": "multi", "max_turns": 3}), slots=4)
-        result = run_rollout(pool, "math", [0, 1], 2, LockedEngine(engine), tiny_qwen3.tokenizer,
+        result = run_rollout(pool, "math", [0, 1], 2, BatchedRequests(engine), tiny_qwen3.tokenizer,
                              SamplingParams(top_k=20, max_new_tokens=8, seed=0), max_turns=3)
         runs.append([[(t.prompt_ids, t.generated_ids) for t in traj.turns] for traj in result.trajectories])
     assert runs[0] == runs[1] and max(len(turns) for turns in runs[1]) == 3

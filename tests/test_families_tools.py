@@ -54,7 +54,7 @@ class CallingEngine:
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
         return [Generation(tuple(ids), tuple(-0.1 for _ in ids), "stop") for _ in prompts]
 
-    def sync_weights(self, model, policy_version):
+    def update_weights(self, named_tensors, version):
         pass
 
 

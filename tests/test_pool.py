@@ -43,8 +43,8 @@ class PromptHashEngine:
             out.append(Generation(ids, tuple(-0.5 for _ in ids), "stop"))
         return out
 
-    def sync_weights(self, model, policy_version: int) -> None:
-        self.policy_version = policy_version
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.policy_version = version
 
 
 class Counters(SharedResource):

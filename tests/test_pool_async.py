@@ -43,7 +43,10 @@ def test_buffer_rejects_mixed_groups():
 
 
 class Trainer:
-    """A stand-in model: `sync_weights` records which version the engine was given."""
+    """A stand-in training module with no weights: the engine only records the version it was given."""
+
+    def state_dict(self) -> dict:
+        return {}
 
 
 def _scheduler(tokenizer, engine=None, **kwargs) -> tuple[RolloutScheduler, PromptHashEngine]:

@@ -119,7 +119,7 @@ class ScriptedEngine:
         ids = [i for piece in text for i in enc(self.tok, piece)] + enc(self.tok, "<|im_end|>")
         return [Generation(tuple(ids), tuple(-0.1 for _ in ids), "stop") for _ in prompts]
 
-    def sync_weights(self, model, policy_version):
+    def update_weights(self, named_tensors, version):
         pass
 
 

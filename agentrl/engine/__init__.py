@@ -1,10 +1,22 @@
 """Inference engines behind one narrow interface: token ids + sampling settings in, token ids + logprobs out.
 
-`HFEngine` (transformers, CPU or GPU) is the default; `VLLMEngine` (GPU, the ``gpu`` extra) plugs into the same
-`InferenceEngine` protocol.
+Engines own their weights (`update_weights(named_tensors, version)`). `HFEngine` (transformers, CPU or GPU) and
+`VLLMEngine` (vLLM, CPU or GPU build; imported only when asked for) plug into the same contract; `build_engines`
+builds one in the driver or several as Ray actors.
 """
 
-from agentrl.engine.base import Generation, InferenceEngine, SamplingParams
+from agentrl.engine.base import (
+    EngineError,
+    EngineRequest,
+    EngineResult,
+    Generation,
+    InferenceEngine,
+    RequestEngine,
+    SamplingParams,
+)
+from agentrl.engine.factory import EngineSpec, build_engines
 from agentrl.engine.hf import HFEngine
+from agentrl.engine.requests import BatchedRequests, as_request_engine
 
-__all__ = ["Generation", "HFEngine", "InferenceEngine", "SamplingParams"]
+__all__ = ["BatchedRequests", "EngineError", "EngineRequest", "EngineResult", "EngineSpec", "Generation", "HFEngine",
+           "InferenceEngine", "RequestEngine", "SamplingParams", "as_request_engine", "build_engines"]

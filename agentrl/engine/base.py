@@ -1,14 +1,34 @@
-"""The engine contract: what every inference backend takes and returns."""
+"""The engine contract: what every inference backend takes and returns.
+
+An engine owns the weights it samples from. The trainer hands it new weights as named tensors with a version
+(`update_weights`), and every result says which version sampled it, so a trajectory always knows its policy version.
+Two ways to ask for samples:
+
+* `InferenceEngine.generate`: a batch of prompts in, one `Generation` each out (lockstep).
+* `RequestEngine.submit` / `poll`: one request per episode turn, results as they finish (continuous batching). The
+  rollout loop speaks this one; `agentrl.engine.requests.as_request_engine` adapts a batch-only engine to it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Generation", "InferenceEngine"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SamplingParams", "Generation", "InferenceEngine", "RequestEngine", "EngineRequest", "EngineResult",
+           "NamedTensors", "EngineError"]
+
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
+"""Weights as (Hugging Face parameter name, tensor) pairs, e.g. ``model.state_dict().items()``."""
+
+
+class EngineError(RuntimeError):
+    """An engine cannot start or serve this model; the message names the cause and the fix."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +96,81 @@ class Generation:
     routed_experts: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class EngineRequest:
+    """One turn of one episode, to be sampled.
+
+    Attributes:
+        id: unique among the requests in flight on one engine.
+        prompt: the prompt's token ids (never re-tokenised by the engine).
+        params: how to sample; its `seed` makes this request's sample reproducible.
+        session: the episode it belongs to: replicated engines keep a session on one replica so that its growing
+            prompt keeps hitting that replica's prefix cache.
+    """
+
+    id: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    session: int = 0
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """A finished request.
+
+    Attributes:
+        request_id: `EngineRequest.id`.
+        generation: what was sampled.
+        policy_version: the version of the weights the request started with (the oldest, if they changed while it
+            ran).
+    """
+
+    request_id: int
+    generation: Generation
+    policy_version: int
+
+
 class InferenceEngine(Protocol):
-    """What the rollout loop needs from an inference backend."""
+    """A batch-sampling backend that owns its weights."""
+
+    policy_version: int
+    """The version of the weights it samples from now."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per prompt (prompts are token ids; batch them as the backend likes)."""
         ...
 
-    def sync_weights(self, model, policy_version: int) -> None:
-        """Make the engine sample from `model`'s current weights, tagged `policy_version`."""
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Load these weights (every name must be one of the model's) and sample as `version` from now on."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since the previous call (e.g. the prefix-cache hit rate), for the step's metrics."""
+        ...
+
+
+class RequestEngine(Protocol):
+    """A continuous-batching backend: requests go in one at a time and come back as each finishes."""
+
+    policy_version: int
+    """The version of the weights new requests start with."""
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request; it is sampled alongside whatever else is running."""
+        ...
+
+    def poll(self, timeout: float | None = None) -> list[EngineResult]:
+        """Finished requests; waits up to `timeout` seconds (None: until one finishes) while requests are pending."""
+        ...
+
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """As `InferenceEngine.update_weights`; requests already running finish with whichever weights they get."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """As `InferenceEngine.metrics`."""
+        ...
+
+    def close(self) -> None:
+        """Release processes and memory (idempotent)."""
         ...

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from agentrl.engine.base import Generation, SamplingParams
+from agentrl.engine.base import Generation, NamedTensors, SamplingParams
 from agentrl.engine.kv_cache import BatchKV, PrefixEntry, PrefixStore, supports_batch_kv
 
 __all__ = ["HFEngine", "process_logits", "apply_penalties", "DEFAULT_PREFIX_CACHE_BYTES"]
@@ -95,26 +95,35 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, context_seen: t
 
 
 class HFEngine:
-    """Inference engine over a transformers causal LM.
+    """Inference engine over a transformers causal LM; it samples from weights of its own.
 
     Args:
-        model: the policy. By default the engine samples from this very module (no copy: on one CPU the "weight sync"
-            is free). Pass `dtype` to sample from a copy in another precision (e.g. bfloat16 rollouts against float32
-            training, to study the train-inference mismatch).
+        model: the policy. The engine keeps its own copy (in `dtype`, when given), refreshed by `update_weights`.
         tokenizer: its tokenizer (for the pad / end-of-sequence ids and for stop strings).
         batch_size: prompts per forward pass; larger batches amortise the per-step overhead.
-        dtype: optional precision of the engine's own copy of the weights.
+        dtype: optional precision of the engine's copy (e.g. bfloat16 rollouts against float32 training, to study
+            the train-inference mismatch).
         capture_routes: for MoE models, record the experts chosen at every position (R3 Routing Replay).
+        share_module: sample from `model` itself instead of a copy. Only correct when the rollout always uses the
+            trainer's current weights (lockstep, ``sync_every=1``, one process), where it saves the copy's memory
+            and makes `update_weights` free.
         prefix_cache_bytes: memory for the keys and values kept between calls (prefix reuse, see the module
             docstring); 0 turns reuse off and every prompt is prefilled in full.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, batch_size: int = 16, dtype: torch.dtype | None = None,
-                 capture_routes: bool = False, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
+                 capture_routes: bool = False, share_module: bool = False,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        same_dtype = dtype is None or dtype == next(model.parameters()).dtype
-        self.model = model if same_dtype else copy.deepcopy(model).to(dtype)
+        self.share_module = share_module
+        if share_module:
+            if dtype is not None and dtype != next(model.parameters()).dtype:
+                raise ValueError("share_module=True samples from the trainer's own module: it cannot have another "
+                                 "dtype (pass share_module=False for an engine copy in that dtype)")
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype)
         self.capture_routes = capture_routes
         self._router = None
         if capture_routes:
@@ -136,11 +145,33 @@ class HFEngine:
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from the prefix cache."""
 
-    def sync_weights(self, model: torch.nn.Module, policy_version: int) -> None:
-        """Copy `model`'s weights in (a no-op when the engine samples from that very module)."""
-        if self.model is not model:
-            self.model.load_state_dict(model.state_dict())
-        self.policy_version = policy_version
+    @torch.no_grad()
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Copy the named tensors into the engine's weights (cast to its dtype) and tag them `version`.
+
+        A tensor that already is the engine's own (a shared module handed its own parameters) is not copied.
+
+        Raises:
+            KeyError: a name that is not one of the model's weights (nothing is half-loaded: names are checked first).
+        """
+        own = self.model.state_dict(keep_vars=True)
+        pairs = list(named_tensors)
+        unknown = [name for name, _ in pairs if name not in own]
+        if unknown:
+            raise KeyError(f"update_weights: {unknown[0]!r} is not a weight of the engine's model "
+                           f"({len(unknown)} unknown names)")
+        for name, tensor in pairs:
+            target = own[name]
+            if target.data_ptr() != tensor.data_ptr():
+                target.data.copy_(tensor)
+        self.policy_version = int(version)
+        self.clear_cache()  # kept keys and values belong to the old weights
+
+    def metrics(self) -> dict[str, float]:
+        """Prefix reuse counters since the engine started: prompt tokens prefilled, and reused from kept caches."""
+        seen = self.prefill_tokens + self.reused_tokens
+        return {"engine_prefill_tokens": float(self.prefill_tokens), "engine_reused_tokens": float(self.reused_tokens),
+                "engine_prefix_hit_rate": self.reused_tokens / seen if seen else 0.0}
 
     def clear_cache(self) -> None:
         """Drop every kept prefix (call it whenever the weights change; `generate` also checks on its own)."""

@@ -1,0 +1,160 @@
+"""Which engines a run samples with: `EngineSpec` says what to build, `build_engines` builds it where it belongs.
+
+One engine in the driver (``--engines 1``, no ``--ray-address``), or ``--engines N`` replicas as Ray actors
+(`agentrl.engine.workers`). Either way the trainer gets one `RequestEngine` and talks to it through the contract
+only: `submit` / `poll` for samples, `update_weights(named_tensors, version)` for weights.
+
+A vLLM engine (and every engine actor) starts from a Hugging Face folder of the policy's current weights: the driver
+writes it once (`model_files`); actors receive its bytes through the Ray object store, so engines on other nodes of a
+cluster need no shared disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.engine.base import EngineError, RequestEngine
+from agentrl.engine.requests import BatchedRequests
+
+__all__ = ["EngineSpec", "ENGINE_KINDS", "build_engine", "build_engines", "model_files", "write_model_files"]
+
+ENGINE_KINDS = ("hf", "vllm")
+"""`EngineSpec.kind` values."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to build one engine, in any process.
+
+    Attributes:
+        kind: ``hf`` (transformers, our decode loop) or ``vllm``.
+        dtype: the engine's precision (``float32``, ``bfloat16``); it may differ from the trainer's.
+        batch_size: HF engine: prompts per forward pass.
+        capture_routes: MoE: return the experts every layer chose (R3 Routing Replay).
+        kv_cache_gib: vLLM: host (CPU build) memory for the KV cache.
+        max_model_len: vLLM: longest prompt + reply.
+        seed: vLLM's global seed (requests carry their own).
+    """
+
+    kind: str = "hf"
+    dtype: str = "float32"
+    batch_size: int = 32
+    capture_routes: bool = False
+    kv_cache_gib: float = 1.0
+    max_model_len: int = 4096
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(f"engine kind must be one of {', '.join(ENGINE_KINDS)}, got {self.kind!r}")
+
+
+def model_files(policy: Any) -> dict[str, bytes]:
+    """The policy (a `LoadedModel`) as the files of a Hugging Face folder: safetensors weights, config, tokenizer."""
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-export-"))
+    try:
+        policy.model.save_pretrained(folder)
+        policy.tokenizer.save_pretrained(folder)
+        return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_model_files(files: dict[str, bytes]) -> Path:
+    """Write `model_files` output into a new temporary folder and return it (the caller removes it)."""
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-engine-"))
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def build_engine(spec: EngineSpec, folder: Path) -> RequestEngine:
+    """One engine in this process, loaded from a model folder it then owns (used by engine actors)."""
+    import torch
+
+    if spec.kind == "vllm":
+        from agentrl.engine.vllm import VLLMEngine
+
+        return VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len, kv_cache_gib=spec.kv_cache_gib,
+                          seed=spec.seed, capture_routes=spec.capture_routes)
+    from agentrl.engine.hf import HFEngine
+    from agentrl.models import load_model
+
+    loaded = load_model(str(folder), dtype=getattr(torch, spec.dtype))
+    # The module was loaded for this engine alone: nothing else changes it, so no second copy.
+    return BatchedRequests(HFEngine(loaded.model, loaded.tokenizer, batch_size=spec.batch_size,
+                                    capture_routes=spec.capture_routes, share_module=True))
+
+
+def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_address: str | None = None,
+                  share_module: bool = False, version: int = 0) -> RequestEngine:
+    """The run's engine(s), as one `RequestEngine`, sampling from `policy`'s current weights as `version`.
+
+    Args:
+        spec: what each engine is.
+        policy: the trainer's `LoadedModel`.
+        replicas: engines; more than one (or a `ray_address`) makes them Ray actors.
+        ray_address: Ray cluster for the engine actors (None: a local Ray when actors are needed).
+        share_module: in-process HF engine only: sample from the trainer's module itself (correct only for lockstep
+            rollouts, see `HFEngine`).
+        version: the policy version of `policy`'s weights.
+
+    Raises:
+        EngineError: a model the chosen engine cannot serve, too little memory, vLLM missing (before any rollout).
+    """
+    if replicas < 1:
+        raise ValueError(f"engines must be >= 1, got {replicas}")
+    if spec.kind == "vllm":
+        _require_vllm()
+    if replicas > 1 or ray_address:
+        from agentrl.engine.workers import EngineActorPool
+
+        files = model_files(policy)
+        if spec.kind == "vllm":  # refuse here, with the reason, rather than as a dead actor
+            _check_vllm_here(files, spec)
+        return EngineActorPool(spec, files, replicas=replicas, version=version, address=ray_address)
+    if spec.kind == "vllm":
+        from agentrl.engine.vllm import VLLMEngine
+
+        folder = write_model_files(model_files(policy))
+        try:
+            engine = VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len,
+                                kv_cache_gib=spec.kv_cache_gib, seed=spec.seed, capture_routes=spec.capture_routes)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # vLLM has read the weights; later ones come as tensors
+        engine.policy_version = version
+        return engine
+    import torch
+
+    from agentrl.engine.hf import HFEngine
+
+    dtype = getattr(torch, spec.dtype)
+    same = dtype == next(policy.model.parameters()).dtype
+    engine = HFEngine(policy.model, policy.tokenizer, batch_size=spec.batch_size, capture_routes=spec.capture_routes,
+                      dtype=None if same else dtype, share_module=share_module and same)
+    engine.policy_version = version
+    return BatchedRequests(engine)
+
+
+def _require_vllm() -> None:
+    from agentrl.engine.vllm import vllm_available
+
+    problem = vllm_available()
+    if problem is not None:
+        raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
+                          f"command, or use --engine hf")
+
+
+def _check_vllm_here(files: dict[str, bytes], spec: EngineSpec) -> None:
+    from agentrl.engine.vllm import check_servable
+
+    folder = write_model_files({k: v for k, v in files.items() if not k.endswith(".safetensors")})
+    try:
+        weights = sum(len(v) for k, v in files.items() if k.endswith(".safetensors"))
+        check_servable(folder, kv_cache_gib=spec.kv_cache_gib, weight_bytes=weights)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

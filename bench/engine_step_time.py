@@ -1,0 +1,67 @@
+"""`agentrl run --env math --engine vllm` vs `--engine hf`: step and rollout seconds at the same settings, one run.
+
+Both runs are the main job's defaults (SmolLM2-135M, 4 tasks x 8 episodes, 64 new tokens) for `--steps` steps,
+run one after the other as subprocesses, as a user would type them. Reported per engine: the median step seconds
+and rollout seconds over the steps after the first (step 0 has no weight sync and warms caches), the weight-sync
+seconds, KL(mu || pi_old) (k3) and the reward. Load averages are recorded around each run. Results:
+bench/results/engine_step_time.json.
+
+    python bench/engine_step_time.py [--steps 4] [--extra --group-size 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--engines", nargs="+", default=["hf", "vllm"])
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `agentrl run` flags for both")
+    args = ap.parse_args()
+    summary = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in args.engines:
+            out = Path(tmp) / engine
+            before, t0 = os.getloadavg()[0], time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--engine", engine,
+                                   "--steps", str(args.steps), "--output", str(out), *args.extra],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{engine} run failed:\n{proc.stderr[-3000:]}")
+            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            later = rows[1:] or rows
+            summary[engine] = {
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "step_s_median": round(statistics.median(r["step_seconds"] for r in later), 2),
+                "rollout_s_median": round(statistics.median(r["rollout_seconds"] for r in later), 2),
+                "weight_sync_s_median": round(statistics.median(r.get("weight_sync_seconds", 0.0) for r in later), 3),
+                "kl_k3_max": max(r.get("kl_k3") or 0.0 for r in rows),
+                "reward_mean": [round(r["reward_mean"], 3) for r in rows],
+                "prefix_cache_hit_rate": [r.get("prefix_cache_hit_rate") for r in rows],
+                "load_before": before, "load_after": os.getloadavg()[0],
+            }
+            print(engine, json.dumps(summary[engine]), flush=True)
+    if {"hf", "vllm"} <= summary.keys():
+        summary["hf_over_vllm_step_time"] = round(summary["hf"]["step_s_median"] / summary["vllm"]["step_s_median"], 2)
+        summary["hf_over_vllm_rollout_time"] = round(
+            summary["hf"]["rollout_s_median"] / summary["vllm"]["rollout_s_median"], 2)
+    print(json.dumps(summary, indent=1))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "engine_step_time.json").write_text(json.dumps({"steps": args.steps, "extra": args.extra,
+                                                               "cpus": os.cpu_count(), **summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

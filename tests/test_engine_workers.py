@@ -1,0 +1,58 @@
+"""Engines as Ray actors (`EngineActorPool`) with the HF engine: replicas, load spreading, weights, restarts."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_qwen3):
+    from agentrl.engine.factory import EngineSpec, model_files
+    from agentrl.engine.workers import EngineActorPool
+
+    actors = EngineActorPool(EngineSpec(kind="hf", batch_size=8), model_files(tiny_qwen3), replicas=2, version=0)
+    yield actors
+    actors.close()
+
+
+def test_two_replicas_serve_one_rollout_and_a_killed_one_is_restarted(pool, tiny_qwen3):
+    """Episodes spread over both replicas; replica 0 dies mid-rollout; its turns re-run, no group is lost."""
+    import agentrl
+    from agentrl.engine import SamplingParams
+    from agentrl.pool import LocalPool
+    from agentrl.rollout import run_rollout
+
+    weights = {k: v.clone() for k, v in tiny_qwen3.model.state_dict().items()}
+    pool.update_weights(weights.items(), version=2)
+    killed = []
+
+    def kill_once(stats):
+        # Both replicas have answered, and replica 0 has turns in flight: kill it now.
+        if min(pool.served) > 0 and pool.in_flight_on(0) and not killed:
+            killed.append(True)
+            ray.kill(pool.actor_handle(0), no_restart=False)
+
+    env_pool = LocalPool(None, slots=1 << 10, make_env=lambda: agentrl.make("alfworld"))
+    result = run_rollout(env_pool, "alfworld", [0, 1, 2], 2, pool, tiny_qwen3.tokenizer,
+                         SamplingParams(max_new_tokens=6, seed=1), max_turns=3, on_progress=kill_once)
+    assert killed and pool.restarts == 1 and pool.resubmitted > 0
+    assert len(result.trajectories) == 6 and result.stats.dropped_groups == 0
+    assert all(len(t.turns) == 3 and t.policy_version == 2 for t in result.trajectories)
+
+
+def test_sync_after_restart_gives_the_current_version(pool, tiny_qwen3):
+    from agentrl.engine import EngineRequest, SamplingParams
+
+    pool.update_weights(tiny_qwen3.model.state_dict().items(), version=5)
+    tok = tiny_qwen3.tokenizer
+    ids = tuple(tok("hello")["input_ids"])
+    for i in range(4):
+        pool.submit(EngineRequest(100 + i, ids, SamplingParams(max_new_tokens=3, seed=i), session=1000 + i))
+    results = []
+    while len(results) < 4:
+        results += pool.poll(timeout=1.0)
+    assert {r.policy_version for r in results} == {5}
+    metrics = pool.metrics()
+    assert metrics["engine_restarts"] == float(pool.restarts)
