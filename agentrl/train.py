@@ -16,6 +16,12 @@ Objective options chosen once per run: the loss options (`build_loss_options`), 
 episode-level estimator), a frozen reference model only when a KL term asks for it (`agentrl.reference`), bypass
 mode (pi_old = mu: step 4 is skipped), the entropy bonus (the update pass computes the entropy with grad).
 
+Where things live (the torchtune split): `set_up` builds and checks everything before a step runs (Ray, placement,
+model, memory plan, training backend, Routing Replay strategy, engine, scheduler); `score_old_policy` and
+`update_policy` are steps 4 and 5; `agentrl.training.metrics` builds the metrics line; `Run.save` and
+`agentrl.training.checkpoint` write checkpoints. The weights and AdamW live behind a `TrainingBackend`
+(`agentrl.training.backend`): in this process (``--trainers 0``) or sharded over FSDP2 Ray workers (``--trainers N``).
+
 Departures from the MiniRL paper, and why: float32 on CPU rather than BF16 training / FP8 rollout; small groups and
 batches (G=8, 4 prompts by default rather than 16 x 64) because a CPU step must take about a minute.
 """

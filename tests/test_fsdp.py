@@ -98,7 +98,9 @@ def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray):
 def _tiny_fsdp_config(tmp_path, name: str, **overrides):
     from test_train import tiny_config  # registers the parity-test env
 
-    return tiny_config(tmp_path, output=str(tmp_path / name), **{"trainer.workers": 2, "save_every": 1} | overrides)
+    # A fixed memory limit: the default (what this shared machine has free right now) would make the test flaky.
+    return tiny_config(tmp_path, output=str(tmp_path / name),
+                       **{"trainer.workers": 2, "save_every": 1, "loss.memory_limit_gb": 4.0} | overrides)
 
 
 @pytest.mark.slow
@@ -195,7 +197,9 @@ def test_a_step_that_cannot_fit_a_worker_is_refused_before_the_workers_start(tmp
 @pytest.mark.parametrize("model, replay", [("tiny-qwen3", "none"), ("tiny-qwen3-moe", "r3")])
 def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path, model, replay):
     config = tmp_path / "run.yaml"
-    config.write_text(f"model: {model}\nloss: {{routing_replay: {replay}}}\nrollout: {{enable_thinking: false}}\n")
+    # A fixed memory limit: the default (what this shared machine has free right now) would make the test flaky.
+    config.write_text(f"model: {model}\nloss: {{routing_replay: {replay}, memory_limit_gb: 4}}\n"
+                      "rollout: {enable_thinking: false}\n")
     out = _cli("--config", str(config), "--env", "math", "--trainers", "2", "--steps", "2", "--group-size", "2",
                "--prompts-per-step", "2", "--max-new-tokens", "8", "--output", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]
