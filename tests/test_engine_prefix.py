@@ -167,9 +167,9 @@ def test_prefill_groups_bound_padding():
 
 
 def test_rollout_with_reuse_plays_the_same_episodes_and_frees_the_cache(tiny_qwen3):
+    from agentrl.engine.requests import BatchedRequests
     from agentrl.pool import EnvMaker, LocalPool
     from agentrl.rollout import run_rollout
-    from agentrl.engine.requests import BatchedRequests
 
     runs = []
     for budget in (0, 2**26):
