@@ -97,10 +97,11 @@ def test_changed_weights_drop_the_cache(tiny_qwen3):
 
     try:
         torch.manual_seed(0)
-        plain = play(HFEngine(model, tiny_qwen3.tokenizer, prefix_cache_bytes=0), turns=2, between=nudge)
+        plain = play(HFEngine(model, tiny_qwen3.tokenizer, prefix_cache_bytes=0, share_module=True), turns=2,
+                     between=nudge)
         model.load_state_dict(saved)
         torch.manual_seed(0)
-        engine = HFEngine(model, tiny_qwen3.tokenizer)
+        engine = HFEngine(model, tiny_qwen3.tokenizer, share_module=True)
         history = play(engine, turns=2, between=nudge)
         assert_same_samples(plain, history)
         assert engine.reused_tokens == 0

@@ -37,6 +37,8 @@ def folder(policy, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(folder):
+    import bm25s  # noqa: F401  (loads numba and llvmlite, as WebShop does: vLLM's start-up module scan must survive)
+
     from agentrl.engine.vllm import VLLMEngine
 
     eng = VLLMEngine(folder, dtype="float32", max_model_len=2048, kv_cache_gib=0.5)
@@ -53,7 +55,8 @@ def chat(tok, text):
 def test_logprobs_agree_with_the_trainers_fp32_recompute(engine, policy):
     from agentrl.engine import SamplingParams
     from agentrl.records import Sample
-    from agentrl.train import collate, sequence_logprobs
+    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.microbatch import collate
 
     tok = policy.tokenizer
     prompts = [chat(tok, "add 2 and 3"), chat(tok, "a longer prompt about the weather in a few words")]
@@ -67,7 +70,7 @@ def test_logprobs_agree_with_the_trainers_fp32_recompute(engine, policy):
                               group_id=0, policy_version=0))
     mb = collate(samples, pad_id=tok.pad_token_id)
     with torch.no_grad():
-        pi, _ = sequence_logprobs(policy.model, mb)  # [n, T]
+        pi, _ = token_logprobs(policy.model, mb)  # [n, T]
     mask = mb.loss_mask.bool()
     mu = mb.rollout_logp[mask]
     pi = pi[mask]

@@ -14,8 +14,9 @@ from agentrl.engine.base import (
     RequestEngine,
     SamplingParams,
 )
-from agentrl.engine.factory import EngineSpec, build_engines
+from agentrl.engine.factory import EngineSpec
 from agentrl.engine.hf import HFEngine
+from agentrl.engine.launch import build_engines
 from agentrl.engine.requests import BatchedRequests, as_request_engine
 
 __all__ = ["BatchedRequests", "EngineError", "EngineRequest", "EngineResult", "EngineSpec", "Generation", "HFEngine",

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.base import EngineError, RequestEngine
+from agentrl.engine.base import RequestEngine
 from agentrl.engine.requests import BatchedRequests
 
-__all__ = ["EngineSpec", "ENGINE_KINDS", "build_engine", "build_engines", "model_files", "write_model_files"]
+__all__ = ["EngineSpec", "ENGINE_KINDS", "build_engine", "model_files", "write_model_files"]
 
 ENGINE_KINDS = ("hf", "vllm")
 """`EngineSpec.kind` values."""
@@ -88,73 +88,3 @@ def build_engine(spec: EngineSpec, folder: Path) -> RequestEngine:
     # The module was loaded for this engine alone: nothing else changes it, so no second copy.
     return BatchedRequests(HFEngine(loaded.model, loaded.tokenizer, batch_size=spec.batch_size,
                                     capture_routes=spec.capture_routes, share_module=True))
-
-
-def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_address: str | None = None,
-                  share_module: bool = False, version: int = 0) -> RequestEngine:
-    """The run's engine(s), as one `RequestEngine`, sampling from `policy`'s current weights as `version`.
-
-    Args:
-        spec: what each engine is.
-        policy: the trainer's `LoadedModel`.
-        replicas: engines; more than one (or a `ray_address`) makes them Ray actors.
-        ray_address: Ray cluster for the engine actors (None: a local Ray when actors are needed).
-        share_module: in-process HF engine only: sample from the trainer's module itself (correct only for lockstep
-            rollouts, see `HFEngine`).
-        version: the policy version of `policy`'s weights.
-
-    Raises:
-        EngineError: a model the chosen engine cannot serve, too little memory, vLLM missing (before any rollout).
-    """
-    if replicas < 1:
-        raise ValueError(f"engines must be >= 1, got {replicas}")
-    if spec.kind == "vllm":
-        _require_vllm()
-    if replicas > 1 or ray_address:
-        from agentrl.engine.workers import EngineActorPool
-
-        files = model_files(policy)
-        if spec.kind == "vllm":  # refuse here, with the reason, rather than as a dead actor
-            _check_vllm_here(files, spec)
-        return EngineActorPool(spec, files, replicas=replicas, version=version, address=ray_address)
-    if spec.kind == "vllm":
-        from agentrl.engine.vllm import VLLMEngine
-
-        folder = write_model_files(model_files(policy))
-        try:
-            engine = VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len,
-                                kv_cache_gib=spec.kv_cache_gib, seed=spec.seed, capture_routes=spec.capture_routes)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)  # vLLM has read the weights; later ones come as tensors
-        engine.policy_version = version
-        return engine
-    import torch
-
-    from agentrl.engine.hf import HFEngine
-
-    dtype = getattr(torch, spec.dtype)
-    same = dtype == next(policy.model.parameters()).dtype
-    engine = HFEngine(policy.model, policy.tokenizer, batch_size=spec.batch_size, capture_routes=spec.capture_routes,
-                      dtype=None if same else dtype, share_module=share_module and same)
-    engine.policy_version = version
-    return BatchedRequests(engine)
-
-
-def _require_vllm() -> None:
-    from agentrl.engine.vllm import vllm_available
-
-    problem = vllm_available()
-    if problem is not None:
-        raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
-                          f"command, or use --engine hf")
-
-
-def _check_vllm_here(files: dict[str, bytes], spec: EngineSpec) -> None:
-    from agentrl.engine.vllm import check_servable
-
-    folder = write_model_files({k: v for k, v in files.items() if not k.endswith(".safetensors")})
-    try:
-        weights = sum(len(v) for k, v in files.items() if k.endswith(".safetensors"))
-        check_servable(folder, kv_cache_gib=spec.kv_cache_gib, weight_bytes=weights)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

@@ -31,7 +31,7 @@ import torch
 from agentrl.engine.base import Generation, NamedTensors, SamplingParams
 from agentrl.engine.kv_cache import BatchKV, PrefixEntry, PrefixStore, supports_batch_kv
 
-__all__ = ["HFEngine", "process_logits", "apply_penalties", "DEFAULT_PREFIX_CACHE_BYTES"]
+__all__ = ["HFEngine", "process_logits", "apply_penalties", "sample_tokens", "DEFAULT_PREFIX_CACHE_BYTES"]
 
 DEFAULT_PREFIX_CACHE_BYTES = 2 * 2**30
 """Keys and values the engine keeps between calls by default: 2 GiB holds ~45k tokens of SmolLM2-135M in float32
@@ -60,6 +60,20 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, context_seen: 
     if params.presence_penalty != 0.0:
         logits = logits - params.presence_penalty * (output_counts > 0).float()
     return logits
+
+
+def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of log-probabilities `[B, V]`, drawn by inverse CDF; returns `[B]` ids.
+
+    `torch.multinomial` costs ~35 ms per step for 8 rows of a 151k vocabulary on a CPU core, more than a small
+    model's forward; a float64 cumulative sum and a binary search cost a tenth of that and draw from the same
+    distribution. ``u`` is uniform on [0, total) and the search takes the first index whose cumulative mass exceeds
+    it, so a token of probability zero (removed by top-k / top-p) can never be drawn.
+    """
+    cdf = logp.detach().to("cpu", torch.float64).exp().cumsum(-1)  # [B, V]
+    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [B, 1]
+    idx = torch.searchsorted(cdf, u, side="right").clamp(max=cdf.shape[-1] - 1)
+    return idx.squeeze(-1).to(logp.device)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams, context_seen: torch.Tensor | None = None,
@@ -395,7 +409,7 @@ class HFEngine:
             if params.temperature == 0:
                 nxt = logp.argmax(-1)
             else:
-                nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(device)
+                nxt = sample_tokens(logp, generator)
             chosen = logp.gather(-1, nxt[:, None]).squeeze(-1).tolist()
             if counts is not None:
                 live = torch.tensor([f is None for f in finish], device=device)  # [B]

@@ -25,9 +25,11 @@ What runs where (vLLM 0.32):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -164,6 +166,24 @@ def _eos_ids(model_dir: Path, tokenizer: Any) -> set[int]:
     return {i for i in ids if i is not None}
 
 
+@contextlib.contextmanager
+def _hidden_from_module_scan(prefix: str):
+    """Take the modules named `prefix*` out of `sys.modules` while vLLM starts, and put them back after.
+
+    At start-up vLLM 0.32 walks every attribute of every loaded module to swap its Triton kernels, and crashes on
+    llvmlite's ctypes wrappers (``'_lib_fn_wrapper' object has no attribute 'get'``). llvmlite is loaded whenever
+    numba is, and bm25s (WebShop search) imports numba when it is installed, which vLLM's own requirements ensure:
+    without this, ``--engine vllm --env webshop`` cannot start in the process that hosts the envs.
+    """
+    hidden = {name: mod for name, mod in sys.modules.items() if name == prefix or name.startswith(prefix + ".")}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 class VLLMEngine:
     """vLLM's `LLMEngine`, driven request by request (`submit` / `poll`) or by batch (`generate`).
 
@@ -205,10 +225,11 @@ class VLLMEngine:
 
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
         try:
-            self.llm = LLM(model=str(self.model_dir), dtype=dtype, enforce_eager=True, enable_prefix_caching=True,
-                           logprobs_mode="processed_logprobs", max_model_len=max_model_len, seed=seed,
-                           gpu_memory_utilization=memory_fraction, kv_cache_memory_bytes=int(kv_cache_gib * GIB),
-                           **kwargs)
+            with _hidden_from_module_scan("llvmlite"):
+                self.llm = LLM(model=str(self.model_dir), dtype=dtype, enforce_eager=True, enable_prefix_caching=True,
+                               logprobs_mode="processed_logprobs", max_model_len=max_model_len, seed=seed,
+                               gpu_memory_utilization=memory_fraction,
+                               kv_cache_memory_bytes=int(kv_cache_gib * GIB), **kwargs)
         except Exception as e:  # vLLM raises many types; one line says what it refused
             raise EngineError(f"vLLM could not start on {self.model_dir}: {_reason(e)}") from None
         self._engine = self.llm.llm_engine
