@@ -210,6 +210,13 @@ class LossConfig:
     of `model` is loaded as the reference only when this or ``options.kl_coef`` is > 0."""
     kl_reward_estimator: str = "k1"
     """Estimator of the reward penalty: k1, k2 or k3."""
+    overlong: dict[str, Any] = field(default_factory=dict)
+    """DAPO overlong treatment of episodes with a reply cut at its token budget: ``{mode: filter}`` leaves them out
+    of the loss; ``{mode: penalize, cache_length: 16, penalty_factor: 1.0}`` subtracts a penalty that ramps over the
+    last `cache_length` tokens of the per-turn budget; empty = neither."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: leave out groups whose episodes all got the same reward (zero advantage: they only
+    dilute the batch)."""
     n_minibatches: int = 1
     """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
     micro_batch_tokens: int = 8192
@@ -245,6 +252,12 @@ class LossConfig:
         _require(self.kl_reward_coef >= 0, "loss.kl_reward_coef", self.kl_reward_coef, ">= 0 (0 = off)")
         _require(self.kl_reward_estimator in KL_ESTIMATORS, "loss.kl_reward_estimator", self.kl_reward_estimator,
                  f"one of {', '.join(KL_ESTIMATORS)}")
+        from agentrl.objective import OverlongConfig
+
+        try:  # max_length is the rollout's per-turn budget, known at set-up: any positive value checks the rest
+            OverlongConfig(**({"max_length": 1 << 30} | dict(self.overlong)))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"loss.overlong: {e}") from None
         _require(self.n_minibatches >= 1, "loss.n_minibatches", self.n_minibatches, ">= 1")
         _require(self.micro_batch_tokens >= 1, "loss.micro_batch_tokens", self.micro_batch_tokens, ">= 1")
         _require(self.micro_batch_size >= 0, "loss.micro_batch_size", self.micro_batch_size, ">= 0 (0 = no cap)")

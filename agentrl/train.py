@@ -50,6 +50,9 @@ from agentrl.models import LoadedModel, load_model
 from agentrl.objective import (
     CollapseGuard,
     LossOptions,
+    OverlongConfig,
+    apply_overlong,
+    informative_groups,
     kl_reward_penalty,
     loss_options,
     minibatch_indices,
@@ -460,10 +463,39 @@ def make_samples(run: Run, trajectories: list[Trajectory],
         penalty = kl_penalty_per_trajectory(trajectories, ref_logp, L)  # [N_traj]
         trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty.tolist())]
         extra["kl_reward_penalty_mean"] = float(penalty.mean())
+    budget = max(run.cfg.rollout.max_new_tokens, *run.cfg.context.max_new_tokens_by_turn)
+    trajectories, in_loss = _overlong_and_dynamic_sampling(trajectories, L, budget, extra)
     samples: list[Sample] = []
-    for traj, adv in zip(trajectories, turn_advantages(L.advantage, trajectories, L.advantage_options)):
-        samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
+    for traj, adv, keep in zip(trajectories, turn_advantages(L.advantage, trajectories, L.advantage_options), in_loss):
+        if keep:
+            samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
     return samples, rewards, ref_logp, extra
+
+
+def _overlong_and_dynamic_sampling(trajectories: list[Trajectory], L: LossConfig, budget: int,
+                                   extra: dict[str, float]) -> tuple[list[Trajectory], list[bool]]:
+    """DAPO's overlong treatment and dynamic sampling: the rewards advantages see, and which episodes train.
+
+    An episode counts as overlong when one of its replies stopped at the per-turn budget; its length is its longest
+    reply. Left-out episodes still take part in their group's baseline (their reward was real), only their tokens
+    leave the loss.
+    """
+    keep = [True] * len(trajectories)
+    if L.overlong.get("mode", "none") != "none":
+        config = OverlongConfig(**({"max_length": budget} | dict(L.overlong)))
+        rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N]
+        lengths = torch.tensor([max((len(x.generated_ids) for x in t.turns), default=0) for t in trajectories])
+        cut = torch.tensor([any(x.finish_reason == "length" for x in t.turns) for t in trajectories])  # [N]
+        new_rewards, mask = apply_overlong(rewards, lengths, cut, torch.ones(len(trajectories), 1), config)
+        trajectories = [replace(t, total_return=float(r)) for t, r in zip(trajectories, new_rewards.tolist())]
+        keep = [k and bool(m) for k, m in zip(keep, mask[:, 0].tolist())]
+        extra["overlong_frac"] = float(cut.float().mean()) if trajectories else 0.0
+    if L.dynamic_sampling:
+        rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
+        informative = informative_groups(rewards, torch.tensor([t.group_id for t in trajectories]))
+        keep = [k and bool(i) for k, i in zip(keep, informative.tolist())]
+        extra["uninformative_frac"] = 1.0 - float(informative.float().mean()) if trajectories else 0.0
+    return trajectories, keep
 
 
 def bypass_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict[int, torch.Tensor], float,
@@ -592,6 +624,9 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
 
             # 2-3. Advantages (per turn; after the KL reward penalty when there is one) and samples.
             samples, rewards, ref_logp, objective_metrics = make_samples(run, trajectories, pad_id)
+            if not samples:  # the overlong filter or dynamic sampling left every episode out: nothing to learn
+                bar.write(f"step {step}: every episode was left out of the loss ({objective_metrics}); no update")
+                continue
 
             # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); bypass
             #    mode takes pi_old = mu instead.

@@ -131,3 +131,29 @@ def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_go
             assert torch.equal(optim["state"][k][name], state[name]), (k, name)
     ckpt_state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
     assert ckpt_state["step"] == 1
+
+
+def _episode(group: int, reward: float, reply: int, finish: str) -> Trajectory:
+    turn = Turn((1,), tuple(range(reply)), tuple([-0.1] * reply), "a", "o", reward, finish_reason=finish)
+    return Trajectory("math", group, group, (turn,), "q", reward, reward > 0, True, False)
+
+
+def test_overlong_filter_penalty_and_dynamic_sampling():
+    from agentrl.config import LossConfig
+    from agentrl.train import _overlong_and_dynamic_sampling
+
+    eps = [_episode(0, 1.0, 8, "length"), _episode(0, 0.0, 3, "stop"),  # group 0: one reply cut at the budget
+           _episode(1, 1.0, 2, "stop"), _episode(1, 1.0, 4, "stop")]  # group 1: all rewards equal
+    extra = {}
+    trajs, keep = _overlong_and_dynamic_sampling(eps, LossConfig(overlong={"mode": "filter"}), 8, extra)
+    assert keep == [False, True, True, True] and [t.total_return for t in trajs] == [1.0, 0.0, 1.0, 1.0]
+    assert extra["overlong_frac"] == 0.25
+    # penalize: budget 8, cache 4 -> lengths past 4 pay (len - 4) / 4: 8 -> -1.0, 4 -> 0, 3 and 2 -> 0
+    trajs, keep = _overlong_and_dynamic_sampling(
+        eps, LossConfig(overlong={"mode": "penalize", "cache_length": 4}), 8, {})
+    assert keep == [True] * 4 and [t.total_return for t in trajs] == [0.0, 0.0, 1.0, 1.0]
+    extra = {}
+    trajs, keep = _overlong_and_dynamic_sampling(eps, LossConfig(dynamic_sampling=True), 8, extra)
+    assert keep == [True, True, False, False] and extra["uninformative_frac"] == 0.5
+    with pytest.raises(ConfigError, match="loss.overlong"):
+        LossConfig(overlong={"mode": "cut"})
