@@ -463,7 +463,7 @@ def make_samples(run: Run, trajectories: list[Trajectory],
         penalty = kl_penalty_per_trajectory(trajectories, ref_logp, L)  # [N_traj]
         trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty.tolist())]
         extra["kl_reward_penalty_mean"] = float(penalty.mean())
-    budget = max(run.cfg.rollout.max_new_tokens, *run.cfg.context.max_new_tokens_by_turn)
+    budget = max((run.cfg.rollout.max_new_tokens, *run.cfg.context.max_new_tokens_by_turn))
     trajectories, in_loss = _overlong_and_dynamic_sampling(trajectories, L, budget, extra)
     samples: list[Sample] = []
     for traj, adv, keep in zip(trajectories, turn_advantages(L.advantage, trajectories, L.advantage_options), in_loss):
