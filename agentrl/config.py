@@ -463,19 +463,30 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None) -> RunConfig:
     """Defaults, updated by the YAML file at `path` (if any)."""
+    return load_yaml(RunConfig, path, "config sections")
+
+
+def load_yaml(cls: type, path: str | Path | None, top_level: str) -> Any:
+    """A `cls` config: its defaults, updated by the YAML file at `path` (if any); errors name the file and the key.
+
+    Args:
+        cls: the config dataclass.
+        path: the YAML file, or None for the defaults.
+        top_level: what the file's top-level mapping holds, for the message when it is not a mapping.
+    """
     if path is None:
-        return RunConfig()
+        return cls()
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
         values = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
     if not isinstance(values, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of config sections")
+        raise ConfigError(f"{p}: the top level must be a mapping of {top_level}")
     try:
-        return _build(RunConfig, values)
+        return _build(cls, values)
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
 

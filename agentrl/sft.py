@@ -35,11 +35,12 @@ from typing import Any
 import torch
 import yaml
 
-from agentrl.config import ConfigError, ContextConfig, EnvConfig, RolloutConfig, _build, _yaml_problem
+from agentrl.config import ConfigError, ContextConfig, EnvConfig, RolloutConfig, load_yaml
 from agentrl.context import ChatContext
 from agentrl.core import TextEnv
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
 from agentrl.samples import trajectory_to_samples
+from agentrl.training.metrics import plot_metrics
 
 __all__ = ["SFTConfig", "SFTError", "load_sft_config", "reply_ids", "expert_trajectory", "expert_demonstrations",
            "load_demonstrations", "conversation_trajectory", "sft_loss", "demonstration_nll", "run_sft",
@@ -123,21 +124,7 @@ class SFTConfig:
 
 def load_sft_config(path: str | Path | None = None) -> SFTConfig:
     """Defaults, updated by the YAML file at `path` (if any); errors name the file and the key."""
-    if path is None:
-        return SFTConfig()
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        values = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of SFT settings")
-    try:
-        return _build(SFTConfig, values)
-    except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+    return load_yaml(SFTConfig, path, "SFT settings")
 
 
 # ---- demonstrations -> trajectories ----------------------------------------------------------------------------
@@ -333,27 +320,8 @@ def _lr_at(step: int, lr: float, warmup: int) -> float:
 
 def plot_sft_curves(metrics_path: Path, png_path: Path) -> None:
     """Plot the SFT loss (and the learning rate) per optimizer step into a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    if not rows:
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    steps = [r["step"] for r in rows]
-    axes[0].plot(steps, [r["loss"] for r in rows], marker="o", ms=3)
-    axes[0].set_title("loss (token NLL of the agent's turns)")
-    axes[1].plot(steps, [r["lr"] for r in rows], marker="o", ms=3)
-    axes[1].set_title("learning rate")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"agentrl sft: {metrics_path.parent.name}")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    plot_metrics(metrics_path, png_path, [("loss", "loss (token NLL of the agent's turns)"), ("lr", "learning rate")],
+                 f"agentrl sft: {metrics_path.parent.name}", columns=2)
 
 
 def default_sft_dir(cfg: SFTConfig) -> Path:

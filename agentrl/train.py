@@ -74,7 +74,7 @@ from agentrl.training.checkpoint import (
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
 from agentrl.training.logprobs import token_logprobs
 from agentrl.training.memory import MemoryPlan, plan_training_memory
-from agentrl.training.metrics import append_metrics, rollout_metrics, weighted_mean
+from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import collate, pack_by_tokens, padding_waste
 from agentrl.training.placement import Placement, PlacementPlan
 from agentrl.training.replay import DenseRouting, RoutingReplayError, routing_strategy
@@ -89,28 +89,8 @@ class TrainingError(RuntimeError):
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
     """Plot the run's main curves from metrics.jsonl into a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not metrics_path.exists():  # no step finished (every group dropped): nothing to plot
-        return
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    if not rows:
-        return
     keys = ["reward_mean", "success_rate", "entropy", "kl_k3", "response_tokens_mean", "clip_frac"]
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
-    steps = [r["step"] for r in rows]
-    for ax, key in zip(axes.ravel(), keys):
-        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", ms=3)
-        ax.set_title(key)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"agentrl run: {metrics_path.parent.name}")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    plot_metrics(metrics_path, png_path, [(k, k) for k in keys], f"agentrl run: {metrics_path.parent.name}")
 
 
 def default_run_dir(cfg: RunConfig) -> Path:

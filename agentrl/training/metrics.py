@@ -12,7 +12,7 @@ import torch
 
 from agentrl.training.backend import LossResult
 
-__all__ = ["weighted_mean", "rollout_metrics", "append_metrics"]
+__all__ = ["weighted_mean", "rollout_metrics", "append_metrics", "plot_metrics"]
 
 
 def weighted_mean(results: Sequence[LossResult]) -> dict[str, float]:
@@ -45,3 +45,40 @@ def append_metrics(path: Path, metrics: dict[str, Any]) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                             for k, v in metrics.items()}) + "\n")
+
+
+def plot_metrics(metrics_path: Path, png_path: Path, panels: Sequence[tuple[str, str]], title: str,
+                 columns: int = 3) -> None:
+    """One panel per metric of metrics.jsonl against the step, saved as a PNG (nothing when no step finished).
+
+    Args:
+        metrics_path: the run's metrics.jsonl.
+        png_path: where the figure goes.
+        panels: (key, panel title) pairs; a step without the key plots as a gap.
+        title: the figure's title.
+        columns: panels per row.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not metrics_path.exists():
+        return
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not rows:
+        return
+    n_rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(n_rows, columns, figsize=(4 * columns, 3 * n_rows), squeeze=False)
+    steps = [r["step"] for r in rows]
+    for ax, (key, name) in zip(axes.ravel(), panels):
+        ax.plot(steps, [r.get(key) if r.get(key) is not None else float("nan") for r in rows], marker="o", ms=3)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
