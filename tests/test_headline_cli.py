@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 
 @pytest.mark.slow  # 32 WebShop episodes of up to 15 turns through 8 Ray runners: minutes on 2 shared cores
@@ -17,6 +18,6 @@ def test_webshop_tiny_qwen3_eight_runners_one_step(tmp_path):
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 1
     # Qwen3 with WebShop's default: tool observations keep the prefix, so each episode trains as one sample.
-    assert json.loads((out / "sampling.json").read_text())["observation_role"] == "tool"
+    assert yaml.safe_load((out / "config.yaml").read_text())["context"]["observation_role"] == "tool"
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         assert not any(turn["new_segment"] for turn in json.loads(line)["turns"])
