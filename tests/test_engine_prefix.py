@@ -182,3 +182,16 @@ def test_rollout_with_reuse_plays_the_same_episodes_and_frees_the_cache(tiny_qwe
     assert runs[0] == runs[1] and max(len(turns) for turns in runs[1]) == 3
     assert engine.reused_tokens > 0
     assert len(engine.prefix_cache) == 0  # the rollout's episodes are over: nothing kept into the training step
+
+
+def test_engine_metrics_report_prefix_reuse_since_the_previous_call_under_the_shared_keys(tiny_qwen3):
+    engine = HFEngine(tiny_qwen3.model, tiny_qwen3.tokenizer)
+    assert engine.metrics() == {}
+    first = engine.generate([[1, 2, 3, 4]], PARAMS)[0]
+    m = engine.metrics()
+    assert m["prefix_prompt_tokens"] == 4 and m["prefix_cached_tokens"] == 0 and m["prefix_cache_hit_rate"] == 0
+    engine.generate([[1, 2, 3, 4, *first.token_ids, 5]], PARAMS)
+    m = engine.metrics()  # the second prompt extends the first: everything but the new tokens was kept
+    assert m["prefix_cached_tokens"] == engine.reused_tokens > 0
+    assert m["prefix_prompt_tokens"] == 4 + len(first.token_ids) + 1
+    assert engine.metrics() == {}

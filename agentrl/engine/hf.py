@@ -158,6 +158,7 @@ class HFEngine:
         """Tokens run through the model at prefill (new tokens only where a prefix was reused), for benchmarks."""
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from the prefix cache."""
+        self._reported = (0, 0)  # (prompt, reused) tokens at the previous `metrics` call
 
     @torch.no_grad()
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
@@ -182,10 +183,14 @@ class HFEngine:
         self.clear_cache()  # kept keys and values belong to the old weights
 
     def metrics(self) -> dict[str, float]:
-        """Prefix reuse counters since the engine started: prompt tokens prefilled, and reused from kept caches."""
-        seen = self.prefill_tokens + self.reused_tokens
-        return {"engine_prefill_tokens": float(self.prefill_tokens), "engine_reused_tokens": float(self.reused_tokens),
-                "engine_prefix_hit_rate": self.reused_tokens / seen if seen else 0.0}
+        """Prefix reuse since the previous call, under the keys every engine reports (see `VLLMEngine.metrics`)."""
+        prompt, cached = self.prefill_tokens + self.reused_tokens, self.reused_tokens
+        new_prompt, new_cached = prompt - self._reported[0], cached - self._reported[1]
+        self._reported = (prompt, cached)
+        if not new_prompt:
+            return {}
+        return {"prefix_cache_hit_rate": new_cached / new_prompt, "prefix_cached_tokens": float(new_cached),
+                "prefix_prompt_tokens": float(new_prompt)}
 
     def clear_cache(self) -> None:
         """Drop every kept prefix (call it whenever the weights change; `generate` also checks on its own)."""
