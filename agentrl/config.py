@@ -147,6 +147,11 @@ class ContextConfig:
     """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
     enable_thinking: bool | None = None
     """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
+    history: str = "template"
+    """How earlier turns appear in later prompts: ``template`` renders them as the official template does (Qwen3
+    with thinking off drops each earlier turn's empty ``<think></think>``, so every turn becomes its own training
+    sample: ~21x the trainer's tokens at 50 turns), ``as_sampled`` keeps them token for token as sampled and renders
+    only the new messages (one sample per episode; prompts then depart from the official rendering of history)."""
 
     def __post_init__(self) -> None:
         from agentrl.context import OBSERVATION_ROLES
@@ -154,6 +159,8 @@ class ContextConfig:
         _require(self.observation_role in (*OBSERVATION_ROLES, "auto"), "context.observation_role",
                  self.observation_role, f"one of {', '.join(OBSERVATION_ROLES)}, or auto (the env's hint)")
         _require(self.recap_actions >= 0, "context.recap_actions", self.recap_actions, ">= 0")
+        _require(self.history in ("template", "as_sampled"), "context.history", self.history,
+                 "template (the official rendering) or as_sampled (earlier turns as the model sampled them)")
         _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
                  "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         if self.chat_family:
@@ -183,7 +190,8 @@ class ContextConfig:
         return {
             "chat_kwargs": self.chat_kwargs(),
             "context_options": {"family": self.chat_family or None, "family_hint": family_hint,
-                                "observation_role": self.observation_role, "recap_actions": self.recap_actions},
+                                "observation_role": self.observation_role, "recap_actions": self.recap_actions,
+                                "history": self.history},
             "max_new_tokens_by_turn": self.max_new_tokens_by_turn,
         }
 

@@ -38,6 +38,8 @@ from agentrl.templates import FAMILIES, TemplateFamily, fixed_clock, get_family
 __all__ = ["ChatContext", "ContextStep", "strip_thinking", "detect_family", "recap_text"]
 
 OBSERVATION_ROLES = ("user", "tool")
+HISTORY_MODES = ("template", "as_sampled")
+"""How earlier turns appear in later prompts: as the official template renders them, or exactly as sampled."""
 
 # Conversations that tell the families apart: system prompt or not, reasoning in history, a later query.
 _PROBES: tuple[tuple[dict[str, str], ...], ...] = (
@@ -112,8 +114,9 @@ class ContextStep:
 
     Attributes:
         new_segment: the prompt does not extend the previous full sequence (history was rewritten).
-        path: ``"delta"`` (only new messages rendered), ``"full"`` (whole history re-rendered, prefix held) or
-            ``"rewrite"`` (whole history re-rendered, new segment).
+        path: ``"delta"`` (only new messages rendered), ``"full"`` (whole history re-rendered, prefix held),
+            ``"rewrite"`` (whole history re-rendered, new segment) or ``"as_sampled"`` (the template would rewrite
+            history; the earlier turns were kept as sampled and only the new messages were appended).
         reason: for a rewrite, where the rendering first departs from what the model saw (empty otherwise).
         new_tokens: ids added after the generated ones (or the whole prompt for a rewrite).
     """
@@ -149,17 +152,25 @@ class ChatContext:
         tools: tool declarations passed to the template.
         observation_role: ``"user"`` or ``"tool"``: the role of observations after the first.
         recap_actions: when > 0, each observation after the first ends with the goal and the last k actions.
+        history: ``"template"`` (the official rendering: where the template rewrites earlier turns, e.g. Qwen3
+            dropping a ``<think>`` span, the next prompt is re-rendered and starts a new training segment) or
+            ``"as_sampled"`` (earlier turns stay token for token as the model sampled them and only the new
+            messages are rendered, so the whole episode stays one sample; a deliberate departure from the official
+            rendering of history, see `next_prompt`).
         verify: also render the whole history each turn and raise if the fast path disagreed (for tests and
             `agentrl check-template`; costs O(history) per turn).
     """
 
     def __init__(self, tokenizer, system_prompt: str = "", chat_kwargs: dict[str, Any] | None = None, *,
                  family: str | None = None, family_hint: str | None = None, tools: list[dict] | None = None,
-                 observation_role: str = "user", recap_actions: int = 0, verify: bool = False):
+                 observation_role: str = "user", recap_actions: int = 0, history: str = "template",
+                 verify: bool = False):
         if observation_role not in OBSERVATION_ROLES:
             raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {observation_role!r}")
         if recap_actions < 0:
             raise ValueError(f"recap_actions must be >= 0, got {recap_actions}")
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
         self.tokenizer = tokenizer
         self.chat_kwargs = dict(chat_kwargs or {})
         # One clock per episode: templates that print today's date (gpt-oss, SmolLM3) keep one prompt all along.
@@ -167,6 +178,7 @@ class ChatContext:
         self.tools = tools
         self.observation_role = observation_role
         self.recap_actions = recap_actions
+        self.history = history
         self.verify = verify
         if family is not None:
             self.family: TemplateFamily | None = get_family(family)
@@ -296,10 +308,18 @@ class ChatContext:
         else:
             seen = self.text + reply_text
             text = self._render(self.messages + new)
+            tail = None if text.startswith(seen) or self.history == "template" else self._tail_after_reply(
+                text, reply_text, observation)
             if text.startswith(seen):
                 added = self._encode(text[len(seen) :])
                 ids = self._ids + generated_ids + added
                 step = ContextStep(new_segment=False, path="full", new_tokens=len(added))
+            elif tail is not None:
+                added = self._encode(tail)
+                ids = self._ids + generated_ids + added
+                text = seen + tail
+                step = ContextStep(new_segment=False, path="as_sampled", reason=explain_rewrite(seen, text),
+                                   new_tokens=len(added))
             else:
                 ids = self._encode(text)
                 step = ContextStep(new_segment=True, path="rewrite", reason=explain_rewrite(seen, text),
@@ -314,6 +334,24 @@ class ChatContext:
         self._ids = ids
         self.last_step = step
         return list(ids), step.new_segment
+
+    def _tail_after_reply(self, rendered: str, reply_text: str, observation: str) -> str | None:
+        """The text the template puts after the reply in `rendered` (the whole history with the new messages).
+
+        The template's rendering of the *earlier* turns differs from what was sampled, but what follows the reply
+        (its end-of-turn, the observation's turn, the next generation prompt) does not depend on them: it starts
+        after the last end-of-turn marker before the observation. A reply cut at the token budget has no marker of
+        its own, so the tail keeps the template's. None when the observation or a marker cannot be found (the
+        caller then re-renders: a new segment, as in ``history="template"``).
+        """
+        markers = tuple(m for m in (*(self.family.end_of_turn if self.family else ()),
+                                    getattr(self.tokenizer, "eos_token", None) or "") if m)
+        at = rendered.rfind(observation.strip()) if observation.strip() else len(rendered)
+        ends = [(rendered.rfind(m, 0, at), m) for m in markers]
+        start, marker = max(ends, default=(-1, ""))
+        if start < 0:
+            return None
+        return rendered[start + len(marker) :] if reply_text.endswith(marker) else rendered[start:]
 
     def _delta_text(self, new: list[dict[str, Any]], reply_text: str) -> str | None:
         """The text after the reply when only `new` needs rendering, or None when the full path must decide."""

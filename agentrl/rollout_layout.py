@@ -16,6 +16,12 @@ and with ``rollout.observation_role: auto`` (the default) a run sends its observ
 model family keeps the prefix with it and would not with user messages (Qwen3); otherwise (ChatML / SmolLM2, where
 user messages already keep the prefix and a ``tool`` turn would be unfamiliar to the model) they stay user messages.
 Envs whose follow-ups are feedback from a person (math's "try again") declare nothing and stay user messages.
+
+Qwen3 with thinking off rewrites history with either role (the official template drops every earlier turn's empty
+``<think></think>``), so by default each turn is its own sample (~22x merged at 50 turns). ``context.history:
+as_sampled`` keeps earlier turns token for token as sampled and renders only the new messages: one sample per episode
+(0.85x merged, the empty spans are shorter than reasoning), at the price of prompts whose history departs from the
+official rendering. The default stays the official rendering; the start-up line names the option when it applies.
 """
 
 from __future__ import annotations
@@ -70,4 +76,5 @@ def resolve_observation_role(requested: str, env_cls: type, tokenizer, chat_kwar
     if keeps_prefix(tokenizer, hinted, chat_kwargs, **context_options):
         return hinted, (f"user messages would rewrite history every turn; {hinted} messages keep the prefix "
                         "(one sample per episode instead of one per turn)")
-    return "user", "this template rewrites history with either role: one training sample per turn"
+    return "user", ("this template rewrites history with either role: one training sample per turn "
+                    "(context.history: as_sampled keeps earlier turns as sampled, one sample per episode)")

@@ -8,6 +8,9 @@ length of its samples. Layouts (agentrl.samples / agentrl.context):
 * per-turn: the template rewrites history every turn (Qwen3 with user observations drops earlier <think> spans), so
   every turn is its own sample holding the whole context so far: quadratic in the number of turns.
 * recap: merged, with the goal and the last 5 actions repeated in each observation (``recap_actions=5``).
+* Qwen3 with thinking off: its template drops every earlier turn's empty ``<think></think>``, so with either role
+  each turn is its own sample (``history: template``, the official rendering) unless earlier turns are kept as
+  sampled (``history: as_sampled``, merged).
 
 Alongside: what the rollout engine prefills per episode with and without prefix reuse (a rewrite prefills in full).
 Episodes are synthetic ALFWorld-like exchanges (the env's real system prompt, observations of ~50 tokens, replies
@@ -99,6 +102,10 @@ def layouts():
                                                                 observation_role="user")
     yield "qwen3", "recap 5 (tool observations)", qwen, dict(thinking=True, end="<|im_end|>", family="qwen3",
                                                                observation_role="tool", recap_actions=5)
+    off = dict(thinking=False, end="<|im_end|>", family="qwen3", observation_role="tool",
+               chat_kwargs={"enable_thinking": False})
+    yield "qwen3", "no-think per-turn (official)", qwen, off
+    yield "qwen3", "no-think merged (as_sampled)", qwen, off | {"history": "as_sampled"}
     yield "smollm2", "merged (user observations)", smol, dict(thinking=False, end="<|im_end|>", family="chatml")
     yield "smollm2", "recap 5 (user observations)", smol, dict(thinking=False, end="<|im_end|>", family="chatml",
                                                                  recap_actions=5)
