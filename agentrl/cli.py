@@ -237,6 +237,8 @@ def eval_(
     seed_offset: int | None = typer.Option(None, "--seed-offset", help="First task seed (default: 1000000)."),
     runners: int = typer.Option(0, "--runners", help="Concurrent env runners in Ray actors (0 = in-process)."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (default: local)."),
+    engine: str = typer.Option("hf", "--engine", help="Inference engine: hf or vllm."),
+    engine_dtype: str = typer.Option("", "--engine-dtype", help="Engine precision (default: the model's)."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Compare two eval folders: A B."),
 ) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
@@ -264,7 +266,7 @@ def eval_(
             env_kwargs=_parse_kwargs(env_arg), max_turns=max_turns, max_new_tokens=max_new_tokens,
             seed_offset=EVAL_SEED_OFFSET if seed_offset is None else seed_offset, seed=seed, thinking=thinking,
             sampling_overrides={key: v for key, v in overrides.items() if v is not None}, output=str(output),
-            runners=runners, ray_address=ray_address,
+            runners=runners, ray_address=ray_address, engine=engine, engine_dtype=engine_dtype,
         )
         results = evaluate(cfg)
     except (EvalError, UnknownModelError, UnknownEnvError, ClusterError) as e:

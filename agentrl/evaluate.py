@@ -250,7 +250,10 @@ class EvalConfig:
         max_context_tokens: an episode whose prompt grows past this is truncated.
         seed_offset: first task seed.
         seed: sampler seed (the same seed gives the same results).
-        engine_batch_size: prompts per forward pass.
+        engine_batch_size: prompts per forward pass (HF engine).
+        engine: ``hf`` (transformers, sampling from the loaded module) or ``vllm`` (continuous batching, prefix
+            caching; the CPU build here). The sampler seed reproduces results within one engine kind, not across.
+        engine_dtype: the engine's precision; empty: the model's.
         runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
         ray_address: join this Ray cluster instead of starting a local one.
         thinking: force thinking on / off; None = what the checkpoint trained with, else the family default.
@@ -275,6 +278,8 @@ class EvalConfig:
     seed_offset: int = EVAL_SEED_OFFSET
     seed: int = 0
     engine_batch_size: int = 32
+    engine: str = "hf"
+    engine_dtype: str = ""
     runners: int = 0
     ray_address: str | None = None
     thinking: bool | None = None
@@ -295,6 +300,10 @@ class EvalConfig:
             raise EvalError(f"--episodes must be >= 1, got {self.episodes}")
         if not self.ks or min(self.ks) < 1:
             raise EvalError(f"--k must list positive integers, got {list(self.ks)}")
+        if self.engine not in ("hf", "vllm"):
+            raise EvalError(f"--engine must be hf or vllm, got {self.engine!r}")
+        if self.engine_dtype not in ("", "float32", "bfloat16", "float16"):
+            raise EvalError(f"--engine-dtype must be float32, bfloat16 or float16, got {self.engine_dtype!r}")
         if self.n < max(self.ks):
             raise EvalError(f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task, "
                             f"got --samples-per-task {self.n}")
@@ -424,6 +433,27 @@ def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolv
     return trajectories
 
 
+def _build_engine(cfg: EvalConfig, policy):
+    """The engine the evaluation samples from.
+
+    Evaluation never changes the weights, so the HF engine samples from the loaded module itself (no copy); vLLM
+    reads the same weights from a saved folder (`agentrl.engine.build_engines`).
+    """
+    if cfg.engine == "hf":
+        from agentrl.engine.hf import HFEngine
+
+        return HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size, share_module=True)
+    from agentrl.engine import EngineError, EngineSpec, build_engines
+
+    dtype = cfg.engine_dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    spec = EngineSpec(kind=cfg.engine, dtype=dtype, batch_size=cfg.engine_batch_size, seed=cfg.seed,
+                      max_model_len=cfg.max_context_tokens + cfg.max_new_tokens)
+    try:
+        return build_engines(spec, policy)
+    except EngineError as e:
+        raise EvalError(str(e)) from None
+
+
 def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[str, Any]:
     """Run the evaluation; write ``results.json``, ``report.html`` and ``trajectories.jsonl`` to `cfg.output`.
 
@@ -439,7 +469,6 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     from tqdm import tqdm
 
     import agentrl
-    from agentrl.engine.hf import HFEngine
     from agentrl.models import load_model
     from agentrl.report import write_report
 
@@ -476,8 +505,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     _print_settings(console, resolved, trained)
 
     torch.manual_seed(cfg.seed)
-    # Evaluation never changes the weights: the engine may sample from the loaded module itself (no copy).
-    engine = HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size, share_module=True)
+    engine = _build_engine(cfg, policy)
     seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]
     # Chunks of whole tasks keep memory bounded and the progress bar moving; each chunk fills the engine twice over.
     tasks_per_chunk = max(1, (2 * cfg.engine_batch_size) // cfg.n)
@@ -498,6 +526,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     finally:
         if pool is not None:
             pool.close()
+        if cfg.engine != "hf":
+            engine.close()
     bar.close()
     seconds = time.perf_counter() - start
 
@@ -513,6 +543,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         "tasks": {"seed_offset": cfg.seed_offset, "episodes": cfg.episodes, "samples_per_task": cfg.n,
                   "ks": list(cfg.ks), "max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens},
         "sampling": resolved.to_dict(),
+        "engine": {"kind": cfg.engine, "dtype": cfg.engine_dtype or "model"},
         "context": asdict(context) | {"source": context_source},
         "trained_with": trained,
         "confidence": cfg.confidence,

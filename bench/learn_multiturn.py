@@ -110,6 +110,9 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     if args.model:
         sft_cfg["model"] = args.model
     rl_cfg |= {"output": str(rl_dir), "model": str(sft_dir / "checkpoint"), "save_every": 1}
+    if args.engine:
+        rl_cfg["rollout"] = dict(rl_cfg.get("rollout", {})) | {"engine": args.engine,
+                                                              "engine_dtype": args.engine_dtype}
     if args.rl_steps:
         rl_cfg["steps"] = args.rl_steps
     (run / "sft.yaml").write_text(yaml.safe_dump(sft_cfg, sort_keys=False))
@@ -134,6 +137,8 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
               "--max-new-tokens", str(rollout.get("max_new_tokens", 64)), *kwargs]
     if args.temperature is not None:
         common += ["--temperature", str(args.temperature)]
+    if args.engine:
+        common += ["--engine", args.engine, "--engine-dtype", args.engine_dtype]
     models = {"base": sft_cfg.get("model", "smollm2-135m"), "sft": str(sft_dir / "checkpoint")}
     if (rl_dir / "checkpoint").exists():
         models["sft_rl"] = str(rl_dir / "checkpoint")
@@ -274,6 +279,8 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=0, help="override the recipes' RL steps")
     parser.add_argument("--model", default="", help="override the recipes' base model (tiny-qwen3: a smoke test)")
     parser.add_argument("--temperature", type=float, default=None, help="eval temperature (default: official)")
+    parser.add_argument("--engine", default="", help="rollout and eval engine, hf or vllm (default: the recipes')")
+    parser.add_argument("--engine-dtype", default="", help="the engine's precision (default: the model's)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
     parser.add_argument("--results", default=str(OUT / "learn_multiturn.json"), help="where the JSON goes")
     parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")

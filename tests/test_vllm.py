@@ -264,3 +264,33 @@ def test_moe_routes_are_refused_on_the_cpu_build_with_the_fix(folder):
         pytest.skip("the GPU build returns routed experts")
     with pytest.raises(EngineError, match="routed experts.*--engine hf"):
         VLLMEngine(folder, capture_routes=True, kv_cache_gib=0.5)
+
+
+def test_agentrl_eval_with_the_vllm_engine(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval"
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "eval", "--env", "math", "--model", "tiny-qwen3-h64", "--engine", "vllm",
+         "--episodes", "3", "--max-new-tokens", "8", "--max-turns", "2", "--output", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["engine"] == {"kind": "vllm", "dtype": "model"} and results["overall"]["episodes"] == 3
+    for line in (out / "trajectories.jsonl").read_text().splitlines():
+        for turn in json.loads(line)["turns"]:
+            assert 0 < len(turn["generated_ids"]) == len(turn["rollout_logprobs"]) <= 8
+
+
+def test_seeded_prompts_beyond_one_steps_token_budget(engine):
+    # 8 x 1,000-token prompts exceed one scheduler step's 4,096 tokens. With chunked prefill, vLLM's CPU build
+    # rewound the seeded generator of a part-prefilled prompt and died ("CPU Generator does not use offset") on the
+    # headline command's first turn.
+    from agentrl.engine import SamplingParams
+
+    prompts = [[(i * 7 + j) % 1000 + 10 for j in range(1000)] for i in range(8)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=3)
+    first = engine.generate(prompts, params)
+    assert [len(g.token_ids) for g in first] == [4] * 8
+    assert [g.token_ids for g in engine.generate(prompts, params)] == [g.token_ids for g in first]

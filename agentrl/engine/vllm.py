@@ -220,6 +220,15 @@ class VLLMEngine:
                 raise EngineError("the vLLM CPU build cannot return MoE routed experts (vLLM needs its Model "
                                   "Runner V2, which needs Triton): use --engine hf for MoE models on CPU")
             kwargs["enable_return_routed_experts"] = True
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # A prompt prefilled in chunks has its sampled token discarded, and vLLM then rewinds that request's
+            # seeded generator by an offset, which CPU generators do not have: the step dies with "CPU Generator
+            # does not use offset" as soon as seeded prompts exceed one step's token budget (32 WebShop episodes'
+            # first turns). Whole-prompt prefills avoid the rewind; the budget must then hold the longest prompt.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 4096)
         if weight_transfer is not None:
             from vllm.config import WeightTransferConfig
 
