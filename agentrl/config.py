@@ -86,8 +86,10 @@ class RolloutConfig:
     """Engine replicas; more than one (or a `ray_address`) runs them as Ray actors, episodes spread by load."""
     engine_dtype: str = ""
     """The engine's precision (float32, bfloat16); empty: the training dtype."""
-    engine_kv_cache_gib: float = 1.0
-    """vLLM: memory for each engine's KV cache (host memory on the CPU build)."""
+    engine_kv_cache_gib: float = 0.0
+    """Memory for each engine's KV cache (vLLM; host memory on the CPU build) or prefix store (HF), in GiB; 0 sizes
+    it to keep every episode in flight cached at its longest context, within half the free memory (see
+    `agentrl.train.rollout_kv_cache_gib`)."""
     runners: int = 0
     """Concurrent env runners; 0 runs envs in the driver process."""
     runner_actors: int = 0
@@ -118,7 +120,8 @@ class RolloutConfig:
         _require(self.engine in ("hf", "vllm"), "rollout.engine", self.engine, "hf or vllm")
         _require(self.engine_dtype in ("", *DTYPES), "rollout.engine_dtype", self.engine_dtype,
                  f"empty (the training dtype) or one of {', '.join(DTYPES)}")
-        _require(self.engine_kv_cache_gib > 0, "rollout.engine_kv_cache_gib", self.engine_kv_cache_gib, "> 0 GiB")
+        _require(self.engine_kv_cache_gib >= 0, "rollout.engine_kv_cache_gib", self.engine_kv_cache_gib,
+                 ">= 0 GiB (0: sized for the rollout)")
 
 
 CONTEXT_KEYS = ("observation_role", "recap_actions", "chat_family", "max_new_tokens_by_turn", "enable_thinking")

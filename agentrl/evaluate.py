@@ -433,6 +433,14 @@ def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolv
     return trajectories
 
 
+def _tasks_per_chunk(cfg: EvalConfig) -> int:
+    """Tasks played together (whole tasks; each chunk fills the engine's batch twice over).
+
+    Chunks keep memory bounded and the progress bar moving.
+    """
+    return max(1, (2 * cfg.engine_batch_size) // cfg.n)
+
+
 def _build_engine(cfg: EvalConfig, policy):
     """The engine the evaluation samples from.
 
@@ -443,11 +451,18 @@ def _build_engine(cfg: EvalConfig, policy):
         from agentrl.engine.hf import HFEngine
 
         return HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size, share_module=True)
+    import torch
+
     from agentrl.engine import EngineError, EngineSpec, build_engines
+    from agentrl.engine.kv_cache import size_kv_cache
 
     dtype = cfg.engine_dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    context = cfg.max_context_tokens + cfg.max_new_tokens
+    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks).
+    kv_gib, _ = size_kv_cache(policy.model.config, torch.finfo(getattr(torch, dtype)).bits // 8,
+                              _tasks_per_chunk(cfg) * cfg.n, context)
     spec = EngineSpec(kind=cfg.engine, dtype=dtype, batch_size=cfg.engine_batch_size, seed=cfg.seed,
-                      max_model_len=cfg.max_context_tokens + cfg.max_new_tokens)
+                      max_model_len=context, kv_cache_gib=kv_gib)
     try:
         return build_engines(spec, policy)
     except EngineError as e:
@@ -507,8 +522,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     torch.manual_seed(cfg.seed)
     engine = _build_engine(cfg, policy)
     seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]
-    # Chunks of whole tasks keep memory bounded and the progress bar moving; each chunk fills the engine twice over.
-    tasks_per_chunk = max(1, (2 * cfg.engine_batch_size) // cfg.n)
+    tasks_per_chunk = _tasks_per_chunk(cfg)
     start = time.perf_counter()
     bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
                desc=f"eval {cfg.env_id} x {policy.name}")

@@ -245,6 +245,29 @@ def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str, memory: Mem
     return FSDPBackend(spec, T.workers, placement)
 
 
+def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: int | None = None) -> tuple[float, str]:
+    """Each engine's KV cache (vLLM) or prefix store (HF) in GiB, and a note when it cannot hold the whole rollout.
+
+    ``rollout.engine_kv_cache_gib`` when set; else sized so that every episode in flight on an engine (a step's
+    ``prompts_per_step x group_size``, twice that with async rollouts, spread over the replicas) stays cached at its
+    longest context (`agentrl.engine.kv_cache.size_kv_cache`). Smaller, engines evict and re-prefill whole contexts.
+    """
+    import math
+
+    from agentrl.engine.kv_cache import size_kv_cache
+
+    R = cfg.rollout
+    if R.engine_kv_cache_gib > 0:
+        return R.engine_kv_cache_gib, ""
+    episodes = math.ceil(R.prompts_per_step * R.group_size * (2 if R.async_rollout else 1) / R.engines)
+    if available_bytes is None and R.engines > 1 and not R.ray_address:
+        import psutil
+
+        available_bytes = psutil.virtual_memory().available // R.engines  # local replicas share this machine
+    return size_kv_cache(policy.model.config, torch.finfo(getattr(torch, R.engine_dtype or cfg.dtype)).bits // 8,
+                         episodes, R.max_context_tokens + R.max_new_tokens, available_bytes)
+
+
 def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path, start_step: int,
                    show) -> RolloutScheduler:
     """The inference engine and the rollout scheduler around it (runner pool, sync interval or async producer)."""
@@ -252,8 +275,11 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
     # The rollout engine(s) own their weights; the scheduler hands them the trained weights by version. Lockstep on
     # one process may share the training module instead (free sync). MoE rollouts carry the experts the engine
     # chose: R3 replays them, the other modes measure router agreement.
+    kv_gib, kv_note = rollout_kv_cache_gib(cfg, policy)
+    if kv_note:
+        show({"kv_cache": kv_note})
     spec = EngineSpec(kind=R.engine, dtype=R.engine_dtype or cfg.dtype, batch_size=R.engine_batch_size,
-                      capture_routes=is_moe, kv_cache_gib=R.engine_kv_cache_gib, seed=cfg.seed,
+                      capture_routes=is_moe, kv_cache_gib=kv_gib, seed=cfg.seed,
                       max_model_len=R.max_context_tokens + R.max_new_tokens)
     share = R.sync_every == 1 and not R.async_rollout
     try:

@@ -195,3 +195,31 @@ def test_engine_metrics_report_prefix_reuse_since_the_previous_call_under_the_sh
     assert m["prefix_cached_tokens"] == engine.reused_tokens > 0
     assert m["prefix_prompt_tokens"] == 4 + len(first.token_ids) + 1
     assert engine.metrics() == {}
+
+
+def test_kv_cache_is_sized_for_every_episode_in_flight():
+    from transformers import LlamaConfig
+
+    from agentrl.config import RolloutConfig, RunConfig
+    from agentrl.engine.kv_cache import kv_bytes_per_token, size_kv_cache
+    from agentrl.models import LoadedModel
+    from agentrl.train import rollout_kv_cache_gib
+
+    # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 4 bytes = 46,080 bytes a token in fp32.
+    smol = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_bytes_per_token(smol, 4) == 46_080 and kv_bytes_per_token(smol, 2) == 23_040
+    # The headline rollout: 32 episodes of 4,096 + 64 tokens = 6.13 GB (5.71 GiB), which a 1 GiB cache thrashed.
+    gib, note = size_kv_cache(smol, 4, 32, 4160, available_bytes=20 * 2**30)
+    assert gib == pytest.approx(32 * 4160 * 46_080 / 2**30) and note == ""
+    gib, note = size_kv_cache(smol, 4, 32, 4160, available_bytes=8 * 2**30)  # capped at half of what is free
+    assert gib == 4.0 and "5.7 GiB" in note and "bfloat16" in note
+    assert size_kv_cache(smol, 4, 1, 10, available_bytes=8 * 2**30)[0] == 0.25  # never below 256 MiB
+
+    policy = LoadedModel("smol-shape", torch.nn.Module(), None)
+    policy.model.config = smol
+    rollout = RolloutConfig(prompts_per_step=4, group_size=8, max_context_tokens=4096, max_new_tokens=64,
+                            engine_dtype="bfloat16", engines=2)
+    gib, _ = rollout_kv_cache_gib(RunConfig(rollout=rollout), policy, available_bytes=20 * 2**30)
+    assert gib == pytest.approx(16 * 4160 * 23_040 / 2**30)  # 16 episodes per replica, bf16
+    fixed = RunConfig(rollout=RolloutConfig(engine_kv_cache_gib=1.5))
+    assert rollout_kv_cache_gib(fixed, policy) == (1.5, "")

@@ -35,7 +35,7 @@ class EngineSpec:
         dtype: the engine's precision (``float32``, ``bfloat16``); it may differ from the trainer's.
         batch_size: HF engine: prompts per forward pass.
         capture_routes: MoE: return the experts every layer chose (R3 Routing Replay).
-        kv_cache_gib: vLLM: host (CPU build) memory for the KV cache.
+        kv_cache_gib: memory for the KV cache (vLLM; host memory on the CPU build) or the prefix store (HF).
         max_model_len: vLLM: longest prompt + reply.
         seed: vLLM's global seed (requests carry their own).
     """
@@ -44,7 +44,7 @@ class EngineSpec:
     dtype: str = "float32"
     batch_size: int = 32
     capture_routes: bool = False
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: float = 2.0
     max_model_len: int = 4096
     seed: int = 0
 
@@ -87,4 +87,5 @@ def build_engine(spec: EngineSpec, folder: Path) -> RequestEngine:
     loaded = load_model(str(folder), dtype=getattr(torch, spec.dtype))
     # The module was loaded for this engine alone: nothing else changes it, so no second copy.
     return BatchedRequests(HFEngine(loaded.model, loaded.tokenizer, batch_size=spec.batch_size,
-                                    capture_routes=spec.capture_routes, share_module=True))
+                                    capture_routes=spec.capture_routes, share_module=True,
+                                    prefix_cache_bytes=int(spec.kv_cache_gib * 2**30)))

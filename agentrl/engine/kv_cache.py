@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
-__all__ = ["PrefixEntry", "PrefixStore", "BatchKV", "supports_batch_kv"]
+__all__ = ["PrefixEntry", "PrefixStore", "BatchKV", "supports_batch_kv", "kv_bytes_per_token", "rollout_kv_bytes",
+           "size_kv_cache"]
 
 
 @dataclass
@@ -115,6 +116,57 @@ class PrefixStore:
         if not self._lengths[len(entry.ids)]:
             del self._lengths[len(entry.ids)]
         self.nbytes -= entry.nbytes
+
+
+def kv_bytes_per_token(config, dtype_bytes: int) -> int:
+    """Bytes of keys and values one token holds across the model's layers: 2 x layers x KV heads x head size x dtype.
+
+    Args:
+        config: a Hugging Face model config (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``).
+        dtype_bytes: bytes per element of the engine's precision (4 for float32, 2 for bfloat16).
+    """
+    config = getattr(config, "text_config", None) or config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+def rollout_kv_bytes(config, dtype_bytes: int, episodes: int, context_tokens: int) -> int:
+    """The KV memory that keeps every episode in flight cached at its longest context.
+
+    Below this, an engine evicts (HF prefix store) or preempts (vLLM) episodes and prefills their whole context again
+    on a later turn: with 32 WebShop episodes of ~4k tokens under a 1 GiB vLLM cache (SmolLM2 in float32: 46 KB a
+    token, 6 GB needed), the first step's rollout ran at a quarter of its speed.
+
+    Args:
+        config: the model config.
+        dtype_bytes: bytes per element of the engine's precision.
+        episodes: episodes in flight on one engine.
+        context_tokens: the longest prompt plus reply (``max_context_tokens + max_new_tokens``).
+    """
+    return episodes * context_tokens * kv_bytes_per_token(config, dtype_bytes)
+
+
+def size_kv_cache(config, dtype_bytes: int, episodes: int, context_tokens: int,
+                  available_bytes: int | None = None) -> tuple[float, str]:
+    """An engine's KV memory in GiB for `episodes` in flight, and a note when it had to be capped.
+
+    The whole rollout (`rollout_kv_bytes`), within half of `available_bytes` (default: the memory available here) and
+    at least 256 MiB. The note says what the cap costs and what would fit; it is empty when nothing was capped.
+    """
+    need = rollout_kv_bytes(config, dtype_bytes, episodes, context_tokens)
+    if available_bytes is None:
+        import psutil
+
+        available_bytes = psutil.virtual_memory().available
+    cap = available_bytes // 2
+    gib = max(min(need, cap), 2**28) / 2**30
+    if need <= cap:
+        return gib, ""
+    return gib, (f"{gib:.1f} GiB of the {need / 2**30:.1f} GiB that {episodes} episodes x {context_tokens} tokens "
+                 f"need (half the free memory): long episodes will be prefilled again; fewer episodes in flight, a "
+                 f"shorter max_context_tokens or a bfloat16 engine would fit")
 
 
 def supports_batch_kv(config) -> bool:

@@ -61,7 +61,8 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
     dtype = getattr(torch, spec.dtype)
     same = dtype == next(policy.model.parameters()).dtype
     engine = HFEngine(policy.model, policy.tokenizer, batch_size=spec.batch_size, capture_routes=spec.capture_routes,
-                      dtype=None if same else dtype, share_module=share_module and same)
+                      dtype=None if same else dtype, share_module=share_module and same,
+                      prefix_cache_bytes=int(spec.kv_cache_gib * 2**30))
     engine.policy_version = version
     return BatchedRequests(engine)
 
