@@ -73,7 +73,7 @@ from agentrl.training.checkpoint import (
 )
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
 from agentrl.training.logprobs import token_logprobs
-from agentrl.training.memory import MemoryPlan, plan_training_memory
+from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_training_memory
 from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import collate, pack_by_tokens, padding_waste
 from agentrl.training.placement import Placement, PlacementPlan
@@ -201,7 +201,7 @@ def _connect_ray(cfg: RunConfig) -> bool:
     return start_ray(R.ray_address, num_cpus=cores + cpu_trainers)
 
 
-def _plan_memory(cfg: RunConfig, policy: LoadedModel) -> MemoryPlan:
+def _plan_memory(cfg: RunConfig, policy: LoadedModel, kv_cache_gib: float) -> MemoryPlan:
     """Decide gradient checkpointing and refuse a step that cannot fit (per trainer worker), before anything starts.
 
     The limit: `loss.memory_limit_gb` when set; else the memory available here, shared by the CPU trainer workers
@@ -216,11 +216,16 @@ def _plan_memory(cfg: RunConfig, policy: LoadedModel) -> MemoryPlan:
         import psutil
 
         limit = psutil.virtual_memory().available // (T.workers + 1)
+    engine_bytes = 0
+    if R.engine == "vllm" and R.engines == 1 and not R.ray_address:  # an in-process vLLM engine stays resident
+        n_params = sum(p.numel() for p in policy.model.parameters())
+        engine_dtype_bytes = torch.finfo(getattr(torch, R.engine_dtype or cfg.dtype)).bits // 8
+        engine_bytes = int(kv_cache_gib * 2**30) + n_params * engine_dtype_bytes + VLLM_RUNTIME_BYTES
     return plan_training_memory(
         policy.model, dtype_bytes=torch.finfo(getattr(torch, cfg.dtype)).bits // 8, token_budget=L.micro_batch_tokens,
         longest_sample=R.max_context_tokens + R.max_new_tokens, checkpointing=L.gradient_checkpointing,
         engine_copy=T.workers == 0 and (R.sync_every > 1 or R.async_rollout), limit_bytes=limit,
-        shards=max(T.workers, 1))
+        shards=max(T.workers, 1), engine_bytes=engine_bytes)
 
 
 def _reserve_placement(cfg: RunConfig) -> Placement | None:
@@ -269,17 +274,14 @@ def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: i
 
 
 def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path, start_step: int,
-                   show) -> RolloutScheduler:
+                   kv_cache_gib: float, show) -> RolloutScheduler:
     """The inference engine and the rollout scheduler around it (runner pool, sync interval or async producer)."""
     R = cfg.rollout
     # The rollout engine(s) own their weights; the scheduler hands them the trained weights by version. Lockstep on
     # one process may share the training module instead (free sync). MoE rollouts carry the experts the engine
     # chose: R3 replays them, the other modes measure router agreement.
-    kv_gib, kv_note = rollout_kv_cache_gib(cfg, policy)
-    if kv_note:
-        show({"kv_cache": kv_note})
     spec = EngineSpec(kind=R.engine, dtype=R.engine_dtype or cfg.dtype, batch_size=R.engine_batch_size,
-                      capture_routes=is_moe, kv_cache_gib=kv_gib, seed=cfg.seed,
+                      capture_routes=is_moe, kv_cache_gib=kv_cache_gib, seed=cfg.seed,
                       max_model_len=R.max_context_tokens + R.max_new_tokens)
     share = R.sync_every == 1 and not R.async_rollout
     try:
@@ -362,7 +364,11 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
             show({"context": f"observations as {context.observation_role} messages ({why})"})
             cfg = dataclasses.replace(cfg, context=context)
         # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
-        backend = _build_backend(cfg, policy, source, _plan_memory(cfg, policy), placement)
+        # The engines' KV memory first (it stays resident beside an in-process trainer), then the step's plan.
+        kv_gib, kv_note = rollout_kv_cache_gib(cfg, policy)
+        if kv_note:
+            show({"kv_cache": kv_note})
+        backend = _build_backend(cfg, policy, source, _plan_memory(cfg, policy, kv_gib), placement)
         undo.callback(backend.close)
         shuffle = torch.Generator().manual_seed(cfg.seed)
         routing = routing_strategy(cfg.loss.routing_replay, backend.is_moe, cfg.model)
@@ -376,7 +382,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
         start_step = state.step + 1 if state is not None else 0
-        scheduler = _build_rollout(cfg, policy, backend.is_moe, out, start_step, show)
+        scheduler = _build_rollout(cfg, policy, backend.is_moe, out, start_step, kv_gib, show)
         undo.pop_all()  # from here on `Run.close` releases them
     G = cfg.guard
     return Run(cfg, out, policy, backend, routing, scheduler, CollapseGuard(G.entropy_min, G.k3_max, G.patience,

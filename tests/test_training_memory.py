@@ -128,6 +128,23 @@ def test_memory_plan_turns_on_checkpointing_when_needed_and_refuses_what_cannot_
         plan_training_memory(model, checkpointing="off", limit_bytes=(plain + recompute) // 2, **kw)
 
 
+
+def test_an_in_process_engine_counts_against_the_step(tiny_qwen3):
+    # The headline run (vLLM in-process, 6.1 GB of KV cache) was planned without checkpointing against the memory
+    # free before the engine started, and the kernel killed the step at 24 GB: the engine's bytes count now.
+    model = tiny_qwen3.model
+    kw = dict(dtype_bytes=4, token_budget=4096, longest_sample=4096, engine_copy=False, checkpointing="auto")
+    plain = plan_training_memory(model, limit_bytes=64 * 2**30, **kw).estimate.total
+    recompute = plan_training_memory(model, limit_bytes=64 * 2**30, **kw | {"checkpointing": "on"}).estimate.total
+    engine = (plain - recompute) // 2  # fits beside the step only if the step recomputes its activations
+    alone = plan_training_memory(model, limit_bytes=plain + engine // 2, **kw)
+    beside = plan_training_memory(model, limit_bytes=plain + engine // 2, engine_bytes=engine, **kw)
+    assert not alone.gradient_checkpointing and beside.gradient_checkpointing
+    assert beside.estimate.engine == engine and "engine" in beside.estimate.table()
+    with pytest.raises(ConfigError, match="engine_dtype: bfloat16"):
+        plan_training_memory(model, limit_bytes=plain, engine_bytes=4 * plain, **kw)
+
+
 STEP = textwrap.dedent("""
     import resource, sys, torch
     limit = int(3.5 * 2**30)

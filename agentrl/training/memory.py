@@ -6,6 +6,7 @@ Peak resident memory of one update, for a decoder-only transformer trained with 
     gradients    P x bytes(dtype)
     AdamW        2 x P x 4            (two float32 moments)
     engine copy  P x bytes(dtype)     (when the inference engine holds weights of its own)
+    engine       KV cache + weights + ~1.5 GB runtime  (an in-process vLLM engine: resident through the step)
     activations  tokens x layers x a  (a: values saved for backward per token and layer, see `_per_token_layer`)
                  with gradient checkpointing: tokens x layers x hidden + tokens x a (one layer recomputed)
     logits       min(tokens x V x 4, KEEP_BYTES) + 4 x chunk x V x 4   (`agentrl.training.logprobs`: the kept
@@ -24,7 +25,11 @@ from dataclasses import dataclass
 
 from agentrl.training.logprobs import CHUNK_BYTES, KEEP_BYTES
 
-__all__ = ["MemoryEstimate", "MemoryPlan", "estimate_train_memory", "plan_training_memory", "RUNTIME_BYTES"]
+__all__ = ["MemoryEstimate", "MemoryPlan", "estimate_train_memory", "plan_training_memory", "RUNTIME_BYTES",
+           "VLLM_RUNTIME_BYTES"]
+
+VLLM_RUNTIME_BYTES = int(1.5 * 2**30)
+"""What an in-process vLLM engine holds beside its KV cache and weights (measured here: ~1.6 GB of RSS)."""
 
 RUNTIME_BYTES = int(0.6 * 2**30)
 """Interpreter, torch, transformers and a tokenizer, resident before any tensor (measured: 0.5-0.7 GB)."""
@@ -45,16 +50,17 @@ class MemoryEstimate:
     runtime: int
     tokens: int
     gradient_checkpointing: bool
+    engine: int = 0
 
     @property
     def total(self) -> int:
         """The estimated peak resident memory in bytes."""
-        return (self.weights + self.gradients + self.optimizer + self.engine_copy + self.activations + self.logits
-                + self.runtime)
+        return (self.weights + self.gradients + self.optimizer + self.engine_copy + self.engine + self.activations
+                + self.logits + self.runtime)
 
     def table(self) -> str:
         """One line per part, in GiB."""
-        parts = ["weights", "gradients", "optimizer", "engine_copy", "activations", "logits", "runtime"]
+        parts = ["weights", "gradients", "optimizer", "engine_copy", "engine", "activations", "logits", "runtime"]
         rows = [f"  {p:<12} {getattr(self, p) / GiB:6.2f} GiB" for p in parts]
         return "\n".join(rows + [f"  {'total':<12} {self.total / GiB:6.2f} GiB"])
 
@@ -80,7 +86,7 @@ def _per_token_layer(config) -> int:
 
 
 def estimate_train_memory(config, n_params: int, *, dtype_bytes: int, tokens: int, gradient_checkpointing: bool,
-                          engine_copy: bool) -> MemoryEstimate:
+                          engine_copy: bool, engine_bytes: int = 0) -> MemoryEstimate:
     """Estimate the peak memory of one training step (see the module docstring for the formula).
 
     Args:
@@ -90,6 +96,8 @@ def estimate_train_memory(config, n_params: int, *, dtype_bytes: int, tokens: in
         tokens: padded tokens of the largest micro-batch.
         gradient_checkpointing: whether blocks recompute their activations in the backward.
         engine_copy: whether the inference engine keeps weights of its own in this process.
+        engine_bytes: what an in-process engine holds through the step beside that (vLLM: KV cache, weights,
+            runtime).
     """
     layers = config.num_hidden_layers
     per_layer = _per_token_layer(config) * dtype_bytes
@@ -103,7 +111,8 @@ def estimate_train_memory(config, n_params: int, *, dtype_bytes: int, tokens: in
     weights = n_params * dtype_bytes
     return MemoryEstimate(weights=weights, gradients=weights, optimizer=2 * n_params * 4,
                           engine_copy=weights if engine_copy else 0, activations=activations, logits=logits,
-                          runtime=RUNTIME_BYTES, tokens=tokens, gradient_checkpointing=gradient_checkpointing)
+                          runtime=RUNTIME_BYTES, tokens=tokens, gradient_checkpointing=gradient_checkpointing,
+                          engine=engine_bytes)
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,8 @@ class MemoryPlan:
 
 
 def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_sample: int, checkpointing: str,
-                         engine_copy: bool, limit_bytes: int = 0, shards: int = 1) -> MemoryPlan:
+                         engine_copy: bool, limit_bytes: int = 0, shards: int = 1,
+                         engine_bytes: int = 0) -> MemoryPlan:
     """Decide gradient checkpointing and check that the step fits, before the first rollout.
 
     Args:
@@ -129,6 +139,7 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
         limit_bytes: the memory the step may use (0 = what the machine has available now).
         shards: FSDP trainer workers the weights, gradients and AdamW state are split over (activations are not);
             the estimate and the limit are then per worker.
+        engine_bytes: memory an in-process engine holds through the step (vLLM: KV cache, weights, runtime).
 
     Raises:
         ConfigError: the step cannot fit even with the cheapest settings this function controls; the message gives
@@ -144,7 +155,7 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
 
     def estimate(ckpt: bool) -> MemoryEstimate:
         return estimate_train_memory(model.config, n_params, dtype_bytes=dtype_bytes, tokens=tokens,
-                                     gradient_checkpointing=ckpt, engine_copy=engine_copy)
+                                     gradient_checkpointing=ckpt, engine_copy=engine_copy, engine_bytes=engine_bytes)
 
     plain, recompute = estimate(False), estimate(True)
     if checkpointing == "on" or (checkpointing == "auto" and plain.total > limit):
@@ -158,6 +169,9 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
         if token_budget > longest_sample:
             fixes.append(f"a smaller loss.micro_batch_tokens (now {token_budget})")
         fixes.append(f"a smaller rollout.max_context_tokens (the longest sample is {longest_sample} tokens)")
+        if engine_bytes:
+            fixes.append("rollout.engine_dtype: bfloat16 or a smaller rollout.engine_kv_cache_gib (the engine holds "
+                         f"{engine_bytes / GiB:.1f} GiB), or the engine as a Ray actor on another machine")
         fixes.append("dtype: bfloat16, or a machine with more memory (loss.memory_limit_gb sets the limit)")
         raise ConfigError(
             f"the training step needs about {chosen.total / GiB:.1f} GiB but {limit / GiB:.1f} GiB is available:\n"
