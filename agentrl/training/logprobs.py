@@ -157,7 +157,10 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool
     head = _head_of(model)
     chunk = chunk or chunk_positions(head.weight.shape[0])
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    hidden = backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state  # [n, T+1, H]
+    # Right padding never precedes a real token, so plain causal attention gives the real positions exactly what
+    # the padding mask would, and lets SDPA take its fused path on CPU: with the mask it saved a [heads, T, T]
+    # matrix per layer for backward (4 x 2k-token samples of SmolLM2: 15.7 GB peak and 85 s, against 13.3 GB, 71 s).
+    hidden = backbone(input_ids=mb.input_ids).last_hidden_state  # [n, T+1, H]
     select = mb.loss_mask.bool()  # [n, T]: position t predicts token t + 1
     h = hidden[:, :-1][select]  # [N_loss, H]
     targets = mb.input_ids[:, 1:][select]  # [N_loss]
