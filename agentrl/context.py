@@ -317,9 +317,9 @@ class ChatContext:
             elif tail is not None:
                 added = self._encode(tail)
                 ids = self._ids + generated_ids + added
-                text = seen + tail
                 step = ContextStep(new_segment=False, path="as_sampled", reason=explain_rewrite(seen, text),
                                    new_tokens=len(added))
+                text = seen + tail
             else:
                 ids = self._encode(text)
                 step = ContextStep(new_segment=True, path="rewrite", reason=explain_rewrite(seen, text),

@@ -57,6 +57,7 @@ def test_qwen3_thinking_off_as_sampled_history_keeps_one_sample(qwen3_tokenizer,
     assert "rewrite" in paths
     ctx, paths, prompts = _play(qwen3_tokenizer, "as_sampled", role, thinking=False)
     assert "rewrite" not in paths and "as_sampled" in paths
+    assert "<think>" in ctx.last_step.reason  # says what the official rendering would have changed
     for before, after in zip(prompts, prompts[1:]):
         assert after[: len(before)] == before  # every prompt extends the previous one token for token
     # What follows the last reply is what the official template renders after it: the observation's turn and the
