@@ -19,24 +19,11 @@ def pool(tiny_qwen3):
 
 def test_two_replicas_serve_one_rollout_and_a_killed_one_is_restarted(pool, tiny_qwen3):
     """Episodes spread over both replicas; replica 0 dies mid-rollout; its turns re-run, no group is lost."""
-    import agentrl
-    from agentrl.engine import SamplingParams
-    from agentrl.pool import LocalPool
-    from agentrl.rollout import run_rollout
+    from engine_scenarios import rollout_killing_replica_0
 
     weights = {k: v.clone() for k, v in tiny_qwen3.model.state_dict().items()}
     pool.update_weights(weights.items(), version=2)
-    killed = []
-
-    def kill_once(stats):
-        # Both replicas have answered, and replica 0 has turns in flight: kill it now.
-        if min(pool.served) > 0 and pool.in_flight_on(0) and not killed:
-            killed.append(True)
-            ray.kill(pool.actor_handle(0), no_restart=False)
-
-    env_pool = LocalPool(None, slots=1 << 10, make_env=lambda: agentrl.make("alfworld"))
-    result = run_rollout(env_pool, "alfworld", [0, 1, 2], 2, pool, tiny_qwen3.tokenizer,
-                         SamplingParams(max_new_tokens=6, seed=1), max_turns=3, on_progress=kill_once)
+    result, killed = rollout_killing_replica_0(pool, tiny_qwen3.tokenizer)
     assert killed and pool.restarts == 1 and pool.resubmitted > 0
     assert len(result.trajectories) == 6 and result.stats.dropped_groups == 0
     assert all(len(t.turns) == 3 and t.policy_version == 2 for t in result.trajectories)

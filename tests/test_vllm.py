@@ -222,30 +222,16 @@ def test_agentrl_run_refuses_a_head_dim_the_cpu_build_cannot_serve(tmp_path):
 @pytest.mark.slow
 def test_two_vllm_replicas_serve_one_rollout_and_a_killed_one_is_restarted(policy):
     """The `tests/test_engine_workers.py` scenario with real vLLM engine actors (slow: three engine starts)."""
-    import ray
+    from engine_scenarios import rollout_killing_replica_0
 
-    import agentrl
-    from agentrl.engine import SamplingParams
     from agentrl.engine.factory import EngineSpec, model_files
     from agentrl.engine.workers import EngineActorPool
-    from agentrl.pool import LocalPool
-    from agentrl.rollout import run_rollout
 
     pool = EngineActorPool(EngineSpec(kind="vllm", kv_cache_gib=0.5, max_model_len=4096), model_files(policy),
                            replicas=2, version=0)
     try:
         pool.update_weights(policy.model.state_dict().items(), version=3)
-        killed = []
-
-        def kill_once(stats):
-            # Both replicas have answered, and replica 0 has turns in flight: kill it now.
-            if min(pool.served) > 0 and pool.in_flight_on(0) and not killed:
-                killed.append(True)
-                ray.kill(pool.actor_handle(0), no_restart=False)
-
-        env_pool = LocalPool(None, slots=1 << 10, make_env=lambda: agentrl.make("alfworld"))
-        result = run_rollout(env_pool, "alfworld", [0, 1, 2], 2, pool, policy.tokenizer,
-                             SamplingParams(max_new_tokens=6, seed=1), max_turns=3, on_progress=kill_once)
+        result, killed = rollout_killing_replica_0(pool, policy.tokenizer)
         assert killed and pool.restarts == 1 and pool.resubmitted > 0
         assert len(result.trajectories) == 6 and result.stats.dropped_groups == 0
         assert all(len(t.turns) == 3 and t.policy_version == 3 for t in result.trajectories)
