@@ -111,6 +111,8 @@ def run(
     gpus_per_trainer: float | None = typer.Option(None, "--gpus-per-trainer", help="GPUs per trainer (0 = CPU)."),
     gpus_per_engine: float | None = typer.Option(None, "--gpus-per-engine", help="GPUs per Ray inference engine."),
     colocate: bool | None = typer.Option(None, "--colocate/--split", help="Engines share the trainers' GPUs."),
+    compute_dtype: str | None = typer.Option(None, "--compute-dtype",
+                                             help="Autocast the trainer's matmuls (bfloat16); weights stay float32."),
 ) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
     from agentrl.config import ConfigError, apply_overrides, load_config
@@ -136,6 +138,7 @@ def run(
             "loss.name": loss, "seed": seed, "output": str(output) if output else None,
             "trainer.workers": trainers, "trainer.gpus_per_worker": gpus_per_trainer,
             "trainer.gpus_per_engine": gpus_per_engine, "trainer.colocate": colocate,
+            "trainer.compute_dtype": compute_dtype,
         }
         if env_arg:
             overrides["env.kwargs"] = {**(cfg.env.kwargs if env is None else {}), **_parse_kwargs(env_arg)}
@@ -181,6 +184,8 @@ def sft(
     output: Path | None = typer.Option(None, "--output", help="Run folder (default: a new runs/sft-<env>-...)."),
     config: Path | None = typer.Option(None, "--config", help="YAML SFT config (see configs/*-sft.yaml)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
+    compute_dtype: str | None = typer.Option(None, "--compute-dtype",
+                                             help="Autocast the matmuls (bfloat16); weights stay float32."),
 ) -> None:
     """Supervised warm start on expert (or given) episodes, with RL's templates and loss masks; checkpoint + eval."""
     from agentrl.config import ConfigError, _build, config_to_dict
@@ -194,7 +199,7 @@ def sft(
         values = config_to_dict(cfg)
         flags = {"model": model, "data": str(data) if data else None, "demos": demos, "epochs": epochs,
                  "batch_size": batch_size, "lr": lr, "eval_episodes": eval_episodes, "seed": seed,
-                 "output": str(output) if output else None}
+                 "output": str(output) if output else None, "compute_dtype": compute_dtype}
         values |= {k: v for k, v in flags.items() if v is not None}
         if env is not None and env != cfg.env.id:
             values["env"] = {"id": env, "kwargs": {}, "seed_offset": cfg.env.seed_offset}

@@ -340,12 +340,16 @@ class TrainerConfig:
     """FSDP mixed precision: compute dtype of the parameters (empty = `dtype`); bfloat16 on GPUs."""
     reduce_dtype: str = ""
     """FSDP mixed precision: dtype gradients are reduced in (empty = the parameters'); float32 with bf16 params."""
+    compute_dtype: str = ""
+    """Autocast the trainer's matmuls to this dtype (``--compute-dtype``; empty = off): weights, gradients and AdamW
+    state stay in `dtype`, so small updates are not rounded away. bfloat16 runs SmolLM2-135M's forward + backward
+    ~1.8x faster on a CPU with AVX512-BF16 (290 vs 160 tokens/s on 2 cores) and is the usual choice on GPUs."""
 
     def __post_init__(self) -> None:
         _require(self.workers >= 0, "trainer.workers", self.workers, ">= 0 (0 trains in the driver)")
         _require(self.gpus_per_worker >= 0, "trainer.gpus_per_worker", self.gpus_per_worker, ">= 0")
         _require(self.gpus_per_engine >= 0, "trainer.gpus_per_engine", self.gpus_per_engine, ">= 0")
-        for name in ("param_dtype", "reduce_dtype"):
+        for name in ("param_dtype", "reduce_dtype", "compute_dtype"):
             _require(getattr(self, name) in ("", *DTYPES), f"trainer.{name}", getattr(self, name),
                      f"empty or one of {', '.join(DTYPES)}")
         _require(self.workers > 0 or self.gpus_per_worker == 0, "trainer.gpus_per_worker", self.gpus_per_worker,
@@ -385,6 +389,9 @@ class RunConfig:
         _require(self.output == "" or bool(self.output.strip()), "output", self.output,
                  "a folder path (or empty for a new runs/<env>-<model>-<time> folder)")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        _require(not (self.trainer.colocate and self.rollout.async_rollout), "rollout.async_rollout",
+                 self.rollout.async_rollout, "false with trainer.colocate (a colocated engine sleeps while the "
+                 "trainers train, so it cannot roll out meanwhile): drop --async, or use the split layout")
         if self.loss.advantage == "passk":  # Pass@k compares k episodes of one group: it needs at least k of them
             import inspect
 

@@ -98,6 +98,8 @@ class RolloutScheduler:
         interrupted_path: where Ctrl-C saves the groups that had finished (None: not saved).
         progress: receives the live progress fields (episodes, env steps/s, tokens/s, errors).
         maker: builds the envs instead of the registry entry for `env_id` (custom or test envs).
+        sleep_between_rollouts: colocated layout (sync mode): the engine sleeps after each rollout, giving the GPU to
+            the trainers, and wakes before the next weight sync or rollout.
     """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: InferenceEngine | RequestEngine, model: Any,
@@ -108,11 +110,16 @@ class RolloutScheduler:
                  async_rollout: bool = False, max_staleness: int = 1, start_step: int = 0,
                  stop_step: int | None = None,
                  rollout_kwargs: dict[str, Any] | None = None, interrupted_path: Any = None,
-                 progress: Callable[[dict[str, str]], None] | None = None, maker: EnvMaker | None = None):
+                 progress: Callable[[dict[str, str]], None] | None = None, maker: EnvMaker | None = None,
+                 sleep_between_rollouts: bool = False):
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1 (1 = lockstep on-policy), got {sync_every}")
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if sleep_between_rollouts and async_rollout:
+            raise ValueError("an engine that sleeps while the trainers train cannot roll out meanwhile: colocated "
+                             "engines need sync mode (drop --async, or use the split layout)")
+        self.sleep_between_rollouts = sleep_between_rollouts
         self.model, self.tokenizer = model, tokenizer
         self.seeds_for_step, self.sampling_for_step = seeds_for_step, sampling_for_step
         self.group_size, self.env_id = group_size, env_id
@@ -162,9 +169,14 @@ class RolloutScheduler:
         try:
             if self.async_rollout:
                 return self._take(step)
+            if self.sleep_between_rollouts:
+                self.engine.wake_up()
             if (step - self.start_step) % self.sync_every == 0 and self.engine.policy_version != step:
                 self._sync(step)
-            return self._collect(step)
+            result = self._collect(step)
+            if self.sleep_between_rollouts:
+                self.engine.sleep()
+            return result
         except RolloutInterrupted as e:
             self._save_interrupted(e.result.trajectories)
             self.close()

@@ -105,6 +105,9 @@ class SFTConfig:
     """Run folder; empty: a new ``runs/sft-<env>-<model>-<date>-<time>``."""
     dtype: str = "float32"
     """Training precision."""
+    compute_dtype: str = ""
+    """Autocast the matmuls to this dtype (``bfloat16``; empty = off); weights and AdamW state stay in `dtype`.
+    ~1.8x faster on a CPU with AVX512-BF16 (see ``trainer.compute_dtype`` of `agentrl run`)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "micro_batch_tokens"):
@@ -116,6 +119,8 @@ class SFTConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.gradient_checkpointing not in ("on", "off", "auto"):
             raise ConfigError(f"gradient_checkpointing must be on, off or auto, got {self.gradient_checkpointing!r}")
+        if self.compute_dtype not in ("", "bfloat16", "float16"):
+            raise ConfigError(f"compute_dtype must be empty (off), bfloat16 or float16, got {self.compute_dtype!r}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr!r}")
         if not self.data and self.demos < 1:
@@ -377,8 +382,9 @@ def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
     return [s for t in played if t.success for s in trajectory_to_samples(t, 1.0) if s.num_loss_tokens]
 
 
-def demonstration_nll(model: torch.nn.Module, samples: Sequence[Sample], pad_id: int, token_budget: int) -> float:
-    """Mean negative log-likelihood per agent token of `samples` (no gradient)."""
+def demonstration_nll(model: torch.nn.Module, samples: Sequence[Sample], pad_id: int, token_budget: int,
+                      compute_dtype: torch.dtype | None = None) -> float:
+    """Mean negative log-likelihood per agent token of `samples` (no gradient; `compute_dtype` as in training)."""
     from agentrl.training.logprobs import token_logprobs
     from agentrl.training.microbatch import collate, pack_by_tokens
 
@@ -387,7 +393,7 @@ def demonstration_nll(model: torch.nn.Module, samples: Sequence[Sample], pad_id:
     with torch.no_grad():
         for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget):
             mb = collate([samples[i] for i in chunk], pad_id)
-            logp, _ = token_logprobs(model, mb)
+            logp, _ = token_logprobs(model, mb, compute_dtype=compute_dtype)
             nll += float(sft_loss(logp, mb.loss_mask, total))
     return nll
 
@@ -429,6 +435,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     policy = load_model(cfg.model, dtype=getattr(torch, cfg.dtype))
     model, tokenizer = policy.model, policy.tokenizer
+    compute_dtype = getattr(torch, cfg.compute_dtype) if cfg.compute_dtype else None
     # `observation_role: auto` resolves exactly as RL resolves it, so demonstrations have RL's sample layout.
     context, _ = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), tokenizer, policy.family)
     cfg = dataclasses.replace(cfg, context=context)
@@ -443,7 +450,8 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     validation = _validation_samples(cfg, policy) if cfg.val_demos else []
-    val_before = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
+    val_before = (demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens, compute_dtype)
+                  if validation else None)
     # RL's memory plan: gradient checkpointing when a pass of the token budget would not fit (a shared machine
     # OOM-killed a WebShop SFT pass of 4 x 1,350 tokens at 9 GB without it).
     memory = plan_training_memory(
@@ -480,7 +488,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
             loss_sum = 0.0
             for chunk in pack_by_tokens(lengths, members, cfg.micro_batch_tokens, cfg.micro_batch_size):
                 mb = collate([samples[i] for i in chunk], pad_id)
-                logp, _ = token_logprobs(model, mb)  # [n, T]; never the full [n, T, V] logits
+                logp, _ = token_logprobs(model, mb, compute_dtype=compute_dtype)  # [n, T]; never [n, T, V] logits
                 loss = sft_loss(logp, mb.loss_mask, num_tokens)
                 if not torch.isfinite(loss):
                     raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.lr})")
@@ -502,7 +510,8 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
             break
     bar.close()
     t_train = time.perf_counter() - t_start - t_data
-    val_after = demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens) if validation else None
+    val_after = (demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens, compute_dtype)
+                 if validation else None)
     save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, 1, order))
     # `agentrl eval RUN/checkpoint` reads the thinking mode the checkpoint was trained with from here.
     (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.context.chat_kwargs()}))

@@ -191,7 +191,7 @@ def _connect_ray(cfg: RunConfig) -> bool:
     driver's training shared the cores with them before; more CPU trainer workers than cores is refused.
     """
     T, R = cfg.trainer, cfg.rollout
-    if T.workers == 0 and R.runners == 0:
+    if T.workers == 0 and R.runners == 0 and T.gpus_per_engine == 0 and not T.colocate:
         return False
     cores = os.cpu_count() or 1
     cpu_trainers = T.workers if T.gpus_per_worker == 0 else 0
@@ -228,23 +228,35 @@ def _plan_memory(cfg: RunConfig, policy: LoadedModel, kv_cache_gib: float) -> Me
         shards=max(T.workers, 1), engine_bytes=engine_bytes)
 
 
+def _compute_dtype(cfg: RunConfig) -> torch.dtype | None:
+    """The trainer's autocast dtype, or None when its matmuls run in the weights' dtype."""
+    return getattr(torch, cfg.trainer.compute_dtype) if cfg.trainer.compute_dtype else None
+
+
 def _reserve_placement(cfg: RunConfig) -> Placement | None:
-    """Reserve the trainer workers' devices (None without workers); refuses a layout the cluster cannot hold."""
-    T = cfg.trainer
-    if T.workers == 0:
+    """Reserve the trainer workers' and GPU engines' devices (None for neither); refuses what the cluster cannot hold.
+
+    Engines enter the placement group when they own GPUs (``--gpus-per-engine``) or share the trainers' ones
+    (``--colocate``); CPU engines are not scheduled by CPU count, so env runners still fit beside them.
+    """
+    T, R = cfg.trainer, cfg.rollout
+    engines = R.engines if T.gpus_per_engine > 0 or T.colocate else 0
+    if T.workers == 0 and engines == 0:
         return None
-    return Placement(PlacementPlan(T.workers, T.gpus_per_worker, 0, T.gpus_per_engine, T.colocate))
+    return Placement(PlacementPlan(T.workers, T.gpus_per_worker, engines, T.gpus_per_engine, T.colocate))
 
 
 def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str, memory: MemoryPlan,
                    placement: Placement | None) -> TrainingBackend:
     """The training backend the config asks for (its workers go where `placement` reserved)."""
     T, opt = cfg.trainer, cfg.optim
-    if placement is None:
+    if T.workers == 0:
         return SingleProcessBackend(policy, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
-                                    gradient_checkpointing=memory.gradient_checkpointing)
+                                    gradient_checkpointing=memory.gradient_checkpointing,
+                                    compute_dtype=_compute_dtype(cfg))
     spec = WorkerSpec(source, dtype=cfg.dtype, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                       param_dtype=T.param_dtype or None, reduce_dtype=T.reduce_dtype or None,
+                      compute_dtype=T.compute_dtype or None,
                       gradient_checkpointing=memory.gradient_checkpointing, use_gpu=T.gpus_per_worker > 0,
                       seed=cfg.seed)
     return FSDPBackend(spec, T.workers, placement)
@@ -274,7 +286,7 @@ def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: i
 
 
 def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path, start_step: int,
-                   kv_cache_gib: float, show) -> RolloutScheduler:
+                   kv_cache_gib: float, placement: Placement | None, show) -> RolloutScheduler:
     """The inference engine and the rollout scheduler around it (runner pool, sync interval or async producer)."""
     R = cfg.rollout
     # The rollout engine(s) own their weights; the scheduler hands them the trained weights by version. Lockstep on
@@ -282,11 +294,12 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
     # chose: R3 replays them, the other modes measure router agreement.
     spec = EngineSpec(kind=R.engine, dtype=R.engine_dtype or cfg.dtype, batch_size=R.engine_batch_size,
                       capture_routes=is_moe, kv_cache_gib=kv_cache_gib, seed=cfg.seed,
-                      max_model_len=R.max_context_tokens + R.max_new_tokens)
+                      max_model_len=R.max_context_tokens + R.max_new_tokens, sleep_mode=cfg.trainer.colocate)
     share = R.sync_every == 1 and not R.async_rollout
     try:
         engine = build_engines(spec, policy, replicas=R.engines, ray_address=R.ray_address, share_module=share,
-                               version=start_step)
+                               version=start_step,
+                               placement=placement if placement is not None and placement.plan.engines else None)
     except EngineError as e:
         raise TrainingError(str(e)) from None
     sampling = SamplingParams(temperature=R.temperature, top_p=R.top_p, top_k=R.top_k,
@@ -309,7 +322,7 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
             **cfg.context.rollout_kwargs(policy.family),  # the same context `agentrl eval` rebuilds from config.yaml
         ),
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None,
-        progress=show,
+        progress=show, sleep_between_rollouts=cfg.trainer.colocate,
     )
 
 
@@ -382,7 +395,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
         start_step = state.step + 1 if state is not None else 0
-        scheduler = _build_rollout(cfg, policy, backend.is_moe, out, start_step, kv_gib, show)
+        scheduler = _build_rollout(cfg, policy, backend.is_moe, out, start_step, kv_gib, placement, show)
         undo.pop_all()  # from here on `Run.close` releases them
     G = cfg.guard
     return Run(cfg, out, policy, backend, routing, scheduler, CollapseGuard(G.entropy_min, G.k3_max, G.patience,
@@ -426,7 +439,8 @@ def reference_logprobs(reference: ReferencePolicy, samples: list[Sample], pad_id
     """The reference's log-probs of every sample's next tokens, per sample index `[len - 1]` (one no-grad pass)."""
     out: dict[int, torch.Tensor] = {}
     for idx in _micro_batches(samples, range(len(samples)), cfg):
-        logp, _ = token_logprobs(reference.model, collate([samples[i] for i in idx], pad_id))
+        logp, _ = token_logprobs(reference.model, collate([samples[i] for i in idx], pad_id),
+                                 compute_dtype=_compute_dtype(cfg))
         out |= {i: logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
     return out
 

@@ -3,8 +3,9 @@
 Both runs are the main job's defaults (SmolLM2-135M, 4 tasks x 8 episodes, 64 new tokens) for `--steps` steps,
 run one after the other as subprocesses, as a user would type them. Reported per engine: the median step seconds
 and rollout seconds over the steps after the first (step 0 has no weight sync and warms caches), the weight-sync
-seconds, KL(mu || pi_old) (k3) and the reward. Load averages are recorded around each run. Results:
-bench/results/engine_step_time.json.
+seconds, KL(mu || pi_old) (k3) and the reward. Load averages are recorded around each run. With `--steps 20` it is
+also the main job's learning curve on both engines: reward and success per step (PNG), and each engine's trend (the
+mean reward of the last five steps minus the first five). Results: bench/results/engine_step_time.json and .png.
 
     python bench/engine_step_time.py [--steps 4] [--extra --group-size 4]
 """
@@ -49,6 +50,9 @@ def main() -> None:
                 "weight_sync_s_median": round(statistics.median(r.get("weight_sync_seconds", 0.0) for r in later), 3),
                 "kl_k3_max": max(r.get("kl_k3") or 0.0 for r in rows),
                 "reward_mean": [round(r["reward_mean"], 3) for r in rows],
+                "success_rate": [round(r["success_rate"], 3) for r in rows],
+                "reward_trend": round(statistics.mean(r["reward_mean"] for r in rows[-5:])
+                                      - statistics.mean(r["reward_mean"] for r in rows[:5]), 3),
                 "prefix_cache_hit_rate": [r.get("prefix_cache_hit_rate") for r in rows],
                 "load_before": before, "load_after": os.getloadavg()[0],
             }
@@ -59,8 +63,31 @@ def main() -> None:
             summary["hf"]["rollout_s_median"] / summary["vllm"]["rollout_s_median"], 2)
     print(json.dumps(summary, indent=1))
     RESULTS.mkdir(exist_ok=True)
+    plot(summary, RESULTS / "engine_step_time.png")
     (RESULTS / "engine_step_time.json").write_text(json.dumps({"steps": args.steps, "extra": args.extra,
                                                                "cpus": os.cpu_count(), **summary}, indent=1))
+
+
+def plot(summary: dict, png: Path) -> None:
+    """Reward and success per step of each engine's run (the main job's learning curve)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for engine in ("hf", "vllm"):
+        if engine in summary:
+            for ax, key in zip(axes, ("reward_mean", "success_rate")):
+                ax.plot(range(len(summary[engine][key])), summary[engine][key], marker="o", ms=3,
+                        label=f"{engine} (step {summary[engine]['step_s_median']} s)")
+    for ax, title in zip(axes, ("reward (train rollouts)", "success (train rollouts)")):
+        ax.set_title(f"agentrl run --env math: {title}")
+        ax.set_xlabel("step")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

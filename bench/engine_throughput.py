@@ -5,8 +5,8 @@ Two workloads, each at 8 and 32 concurrent episodes, in float32 and bfloat16:
 * ``single``: 32 (`--prompts`) math prompts (chat-rendered first observations), one reply each. HF: batches of
   `concurrency` prompts (lockstep). vLLM: `concurrency` requests in flight, a new one submitted as each finishes.
 * ``alfworld``: `concurrency` ALFWorld episodes of up to 10 turns through `run_rollout` (envs in the driver). HF:
-  one batch per round of every waiting turn, re-prefilling each whole context; vLLM: each turn its own request,
-  prefix-cached. The vLLM rows also report the prefix-cache hit rate.
+  one batch per round of every waiting turn, each episode's KV cache kept across turns (prefix reuse, the
+  default); vLLM: each turn its own request, prefix-cached. The vLLM rows also report the prefix-cache hit rate.
 
 tok/s = generated tokens / wall seconds of the workload. The machine is shared: the load average is recorded before
 and after every row, and ratios (vLLM / HF) are taken between rows of the same run. Results:

@@ -66,3 +66,11 @@ def test_no_two_agentrl_modules_import_each_other():
         deps[name] = found
     cycles = sorted((a, b) for a, found in deps.items() for b in found if a < b and a in deps.get(b, set()))
     assert cycles == []
+
+
+def test_colocated_engines_with_async_rollouts_are_refused_with_the_fix():
+    from agentrl.config import ConfigError, RolloutConfig, RunConfig, TrainerConfig
+
+    with pytest.raises(ConfigError, match="rollout.async_rollout.*colocate.*drop --async"):
+        RunConfig(rollout=RolloutConfig(async_rollout=True), trainer=TrainerConfig(workers=1, gpus_per_worker=1,
+                                                                                   colocate=True))

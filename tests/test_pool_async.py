@@ -117,3 +117,50 @@ def test_async_producer_error_reaches_the_trainer(qwen3_tokenizer):
 def test_scheduler_rejects_bad_settings(qwen3_tokenizer):
     with pytest.raises(ValueError, match="sync_every"):
         _scheduler(qwen3_tokenizer, sync_every=0)
+
+
+def test_colocated_engine_sleeps_while_the_trainer_trains_and_never_samples_asleep(qwen3_tokenizer):
+    from agentrl.engine.requests import BatchedRequests
+
+    class Recorded(BatchedRequests):
+        """The real request wrapper, logging what the scheduler asks of it and refusing work while asleep."""
+
+        def __init__(self, engine):
+            super().__init__(engine)
+            self.log, self.asleep = [], False
+
+        @property
+        def policy_version(self):
+            return self.engine.policy_version
+
+        @policy_version.setter
+        def policy_version(self, version):
+            self.engine.policy_version = version
+
+        def poll(self, timeout=None):
+            assert not self.asleep, "sampled while asleep"
+            return super().poll(timeout)
+
+        def update_weights(self, named_tensors, version):
+            assert not self.asleep, "weights loaded while asleep"
+            self.log.append(f"sync {version}")
+            super().update_weights(named_tensors, version)
+
+        def sleep(self):
+            self.log.append("sleep")
+            self.asleep = True
+
+        def wake_up(self):
+            self.log.append("wake")
+            self.asleep = False
+
+    engine = Recorded(PromptHashEngine(qwen3_tokenizer))
+    sched, _ = _scheduler(qwen3_tokenizer, engine=engine, sleep_between_rollouts=True)
+    for step in range(3):
+        assert len(sched.rollout(step).trajectories) == 4
+        assert engine.asleep  # the trainer has the device from here
+        sched.updated(step)
+    sched.close()
+    assert engine.log == ["sync 0", "wake", "sleep", "wake", "sync 1", "sleep", "wake", "sync 2", "sleep"]
+    with pytest.raises(ValueError, match="sync mode"):
+        _scheduler(qwen3_tokenizer, sleep_between_rollouts=True, async_rollout=True)

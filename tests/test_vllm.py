@@ -183,6 +183,14 @@ def test_bad_models_are_refused_with_the_cause_and_the_fix(tmp_path, tiny_qwen3)
         check_servable(tmp_path, kv_cache_gib=0.5)
 
 
+def test_colocated_sleep_mode_is_refused_on_the_cpu_build_with_the_fix(folder):
+    from agentrl.engine import EngineError
+    from agentrl.engine.vllm import VLLMEngine
+
+    with pytest.raises(EngineError, match="sleep mode needs a GPU build.*--colocate"):
+        VLLMEngine(folder, sleep_mode=True)
+
+
 def test_too_little_memory_is_refused_before_starting(folder):
     from agentrl.engine import EngineError
     from agentrl.engine.vllm import check_servable
@@ -206,6 +214,27 @@ def test_agentrl_run_with_the_vllm_engine_end_to_end(tmp_path):
     assert rows[1]["weight_sync_seconds"] > 0 and all(r["kl_k3"] < 1e-6 for r in rows)  # fp32 engine = trainer
     versions = {json.loads(line)["policy_version"] for line in (out / "trajectories.jsonl").read_text().splitlines()}
     assert versions == {0, 1}
+
+
+def test_agentrl_run_with_async_vllm_rollouts_trains_on_at_most_one_version_old_samples(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model", "tiny-qwen3-h64", "--engine", "vllm",
+         "--async", "--max-staleness", "1", "--steps", "3", "--group-size", "2", "--prompts-per-step", "2",
+         "--max-new-tokens", "12", "--output", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    lags = [t["train_step"] - t["policy_version"] for t in trajectories]
+    assert len(trajectories) == 3 * 4 and set(lags) <= {0, 1}
+    # The producer ran ahead: some step trained on episodes the previous version sampled.
+    assert 1 in lags, lags
+    # A sync is booked to the rollout it landed during: the producer's step-2 rollout waited for the first one.
+    assert sum(r["weight_sync_seconds"] for r in rows) > 0
 
 
 def test_agentrl_run_refuses_a_head_dim_the_cpu_build_cannot_serve(tmp_path):

@@ -171,6 +171,18 @@ class RequestEngine(Protocol):
         """As `InferenceEngine.metrics`."""
         ...
 
+    def sleep(self) -> None:
+        """Give back the device memory generation holds while trainers use the same GPU (colocated layout).
+
+        vLLM's sleep mode drops the KV cache and offloads the weights to host memory; `wake_up` restores them.
+        Engines with nothing to give back between rollouts (the HF engine drops its prefixes after each) do nothing.
+        """
+        ...
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next weight update or request."""
+        ...
+
     def close(self) -> None:
         """Release processes and memory (idempotent)."""
         ...

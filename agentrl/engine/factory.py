@@ -38,6 +38,7 @@ class EngineSpec:
         kv_cache_gib: memory for the KV cache (vLLM; host memory on the CPU build) or the prefix store (HF).
         max_model_len: vLLM: longest prompt + reply.
         seed: vLLM's global seed (requests carry their own).
+        sleep_mode: the engine shares a trainer's GPU and sleeps while it trains (vLLM sleep mode, GPU builds).
     """
 
     kind: str = "hf"
@@ -47,6 +48,7 @@ class EngineSpec:
     kv_cache_gib: float = 2.0
     max_model_len: int = 4096
     seed: int = 0
+    sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
@@ -80,7 +82,7 @@ def build_engine(spec: EngineSpec, folder: Path) -> RequestEngine:
         from agentrl.engine.vllm import VLLMEngine
 
         return VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len, kv_cache_gib=spec.kv_cache_gib,
-                          seed=spec.seed, capture_routes=spec.capture_routes)
+                          seed=spec.seed, capture_routes=spec.capture_routes, sleep_mode=spec.sleep_mode)
     from agentrl.engine.hf import HFEngine
     from agentrl.models import load_model
 

@@ -17,7 +17,7 @@ __all__ = ["build_engines"]
 
 
 def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_address: str | None = None,
-                  share_module: bool = False, version: int = 0) -> RequestEngine:
+                  share_module: bool = False, version: int = 0, placement: Any = None) -> RequestEngine:
     """The run's engine(s), as one `RequestEngine`, sampling from `policy`'s current weights as `version`.
 
     Args:
@@ -28,6 +28,8 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
         share_module: in-process HF engine only: sample from the trainer's module itself (correct only for lockstep
             rollouts, see `HFEngine`).
         version: the policy version of `policy`'s weights.
+        placement: a `agentrl.training.placement.Placement` with engine bundles: the engines become Ray actors in
+            their reserved bundles (their GPUs, or a trainer's GPU when colocated).
 
     Raises:
         EngineError: a model the chosen engine cannot serve, too little memory, vLLM missing (before any rollout).
@@ -36,20 +38,22 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
         raise ValueError(f"engines must be >= 1, got {replicas}")
     if spec.kind == "vllm":
         _require_vllm()
-    if replicas > 1 or ray_address:
+    if replicas > 1 or ray_address or placement is not None:
         from agentrl.engine.workers import EngineActorPool
 
         files = model_files(policy)
         if spec.kind == "vllm":  # refuse here, with the reason, rather than as a dead actor
             _check_vllm_here(files, spec)
-        return EngineActorPool(spec, files, replicas=replicas, version=version, address=ray_address)
+        return EngineActorPool(spec, files, replicas=replicas, version=version, address=ray_address,
+                               actor_options=placement.engine_options if placement is not None else None)
     if spec.kind == "vllm":
         from agentrl.engine.vllm import VLLMEngine
 
         folder = write_model_files(model_files(policy))
         try:
             engine = VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len,
-                                kv_cache_gib=spec.kv_cache_gib, seed=spec.seed, capture_routes=spec.capture_routes)
+                                kv_cache_gib=spec.kv_cache_gib, seed=spec.seed, capture_routes=spec.capture_routes,
+                                sleep_mode=spec.sleep_mode)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # vLLM has read the weights; later ones come as tensors
         engine.policy_version = version

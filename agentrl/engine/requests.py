@@ -72,6 +72,13 @@ class BatchedRequests:
             with self._lock:
                 clear()
 
+    def sleep(self) -> None:
+        """Drop what the wrapped engine keeps between calls (its prefixes are already dropped after each rollout)."""
+        self.clear_cache()
+
+    def wake_up(self) -> None:
+        """Nothing to restore: the wrapped engine's weights never left."""
+
     def close(self) -> None:
         """Nothing to release: the wrapped engine lives in this process."""
 

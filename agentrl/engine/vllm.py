@@ -197,11 +197,12 @@ class VLLMEngine:
         capture_routes: return the experts every MoE layer chose (R3 Routing Replay); needs an MoE model.
         weight_transfer: ``None`` (in-place reload from tensors handed to `update_weights`), or ``"nccl"`` to let
             vLLM receive weights over its NCCL weight-transfer engine (GPU build; `agentrl.engine.workers` drives it).
+        sleep_mode: let `sleep` free the GPU for colocated trainers (vLLM's sleep mode; GPU builds only).
     """
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 4096,
                  kv_cache_gib: float = 1.0, memory_fraction: float = 0.15, seed: int = 0,
-                 capture_routes: bool = False, weight_transfer: str | None = None):
+                 capture_routes: bool = False, weight_transfer: str | None = None, sleep_mode: bool = False):
         problem = vllm_available()
         if problem is not None:
             raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
@@ -229,6 +230,13 @@ class VLLMEngine:
             # first turns). Whole-prompt prefills avoid the rewind; the budget must then hold the longest prompt.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(max_model_len, 4096)
+        if sleep_mode:
+            if not current_platform.is_sleep_mode_available():
+                raise EngineError("colocated engines sleep while the trainers train, and vLLM's sleep mode needs a GPU "
+                                  "build (this is the CPU one): drop --colocate, or run on GPUs")
+            kwargs["enable_sleep_mode"] = True
+        self.sleep_mode = sleep_mode
+        self._asleep = False
         if weight_transfer is not None:
             from vllm.config import WeightTransferConfig
 
@@ -331,6 +339,24 @@ class VLLMEngine:
             if not self.llm.reset_prefix_cache():
                 raise EngineError("vLLM refused to reset its prefix cache after a weight update")
             self.policy_version = int(version)
+
+    def sleep(self) -> None:
+        """Sleep mode: drop the KV cache and offload the weights to host memory (level 1); else free cached blocks."""
+        with self._lock:
+            if self._running:
+                raise EngineError("sleep() with requests still running: a rollout must finish first")
+            if self.sleep_mode and not self._asleep:
+                self.llm.sleep(level=1)
+                self._asleep = True
+            elif not self.sleep_mode:
+                self.llm.reset_prefix_cache()
+
+    def wake_up(self) -> None:
+        """Bring the weights and the KV cache back after `sleep` (a no-op when awake)."""
+        with self._lock:
+            if self._asleep:
+                self.llm.wake_up()
+                self._asleep = False
 
     # -- counters and end ---------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.engine.base import EngineError, EngineRequest, EngineResult, NamedTensors
@@ -64,6 +65,15 @@ class EngineActor:
     async def ready(self) -> int:
         """The actor's pid, once its engine is built."""
         return os.getpid()
+
+    async def where(self) -> dict[str, Any]:
+        """Where Ray placed this replica: node, placement group (hex id, or None) and the GPU ids it was given."""
+        import ray
+
+        context = ray.get_runtime_context()
+        group = context.get_placement_group_id()
+        return {"node": context.get_node_id(), "placement_group": group, "gpu_ids": context.get_accelerator_ids()
+                .get("GPU", [])}
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         """Sample `request` alongside the others in flight; returns when it finishes."""
@@ -119,6 +129,18 @@ class EngineActor:
         with self.engine_lock:
             return self.engine.metrics()
 
+    async def sleep(self) -> None:
+        """The engine's `sleep` (colocated layout: the trainer on this GPU is about to train)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._locked, "sleep")
+
+    async def wake_up(self) -> None:
+        """The engine's `wake_up`."""
+        await asyncio.get_running_loop().run_in_executor(None, self._locked, "wake_up")
+
+    def _locked(self, method: str) -> None:
+        with self.engine_lock:
+            getattr(self.engine, method)()
+
     # vLLM's weight-sync control plane, driven by `NcclWeightSync` (GPU build only).
 
     async def init_weight_transfer_engine(self, request: Any) -> None:
@@ -162,10 +184,12 @@ class EngineActorPool:
         replicas: number of engine actors.
         version: the policy version of `files`.
         address: Ray cluster to join (None: a local Ray, shut down again by `close`).
+        actor_options: Ray options of replica i (`Placement.engine_options`: its reserved bundle, CPUs, GPUs); None
+            places replicas anywhere, with one GPU each on a GPU build of vLLM.
     """
 
     def __init__(self, spec: EngineSpec, files: dict[str, bytes], *, replicas: int, version: int = 0,
-                 address: str | None = None):
+                 address: str | None = None, actor_options: Callable[[int], dict[str, Any]] | None = None):
         import ray
 
         from agentrl.pool import start_ray
@@ -173,13 +197,20 @@ class EngineActorPool:
         self._owns_ray = start_ray(address)
         self.policy_version = int(version)
         self._weights_ref: Any = None  # the latest `update_weights` tensors; None: the files are the latest
-        gpus = 1 if spec.kind == "vllm" and not _cpu_build() else 0
-        # Engines are not scheduled by CPU count: env runners must still fit beside them on a small machine.
-        remote = ray.remote(EngineActor).options(max_restarts=-1, max_task_retries=0, max_concurrency=4096,
-                                                 num_cpus=0, num_gpus=gpus)
-        # Held for the pool's life: a replica that Ray restarts reads its constructor arguments again.
+        if actor_options is None:
+            gpus = 1 if spec.kind == "vllm" and not _cpu_build() else 0
+
+            def actor_options(_: int) -> dict[str, Any]:
+                # Not scheduled by CPU count: env runners must still fit beside the engines on a small machine.
+                return {"num_cpus": 0, "num_gpus": gpus}
+
+        remote = ray.remote(EngineActor)
+        # Held for the pool's life: a replica that Ray restarts reads its constructor arguments again (and stays in
+        # its placement bundle).
         self._files_ref = ray.put(files)
-        self._actors = [remote.remote(spec, self._files_ref, version) for _ in range(replicas)]
+        self._actors = [remote.options(max_restarts=-1, max_task_retries=0, max_concurrency=4096,
+                                       **actor_options(i)).remote(spec, self._files_ref, version)
+                        for i in range(replicas)]
         try:
             ray.get([a.ready.remote() for a in self._actors])
         except ray.exceptions.RayActorError as e:
@@ -324,6 +355,25 @@ class EngineActorPool:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 self._replica_died(replica, e)
+
+    def sleep(self) -> None:
+        """Every live replica's `sleep` (waits for all); a replica that died is restarted awake at the next poll."""
+        self._on_live_replicas("sleep")
+
+    def wake_up(self) -> None:
+        """Every live replica's `wake_up` (waits for all)."""
+        self._on_live_replicas("wake_up")
+
+    def _on_live_replicas(self, method: str) -> None:
+        import ray
+
+        with self._lock:
+            refs = {getattr(self._actors[i], method).remote(): i for i in self._live()}
+            for ref, replica in refs.items():
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self._replica_died(replica, e)
 
     def metrics(self) -> dict[str, float]:
         """Every replica's counters: token counts summed, the prefix-cache hit rate recomputed from them."""

@@ -69,6 +69,7 @@ class WorkerSpec:
         weight_decay: AdamW decoupled weight decay.
         param_dtype: FSDP compute dtype of the parameters (None = `dtype`).
         reduce_dtype: FSDP gradient reduce-scatter dtype (None = the parameters' dtype).
+        compute_dtype: autocast dtype of the backbone's matmuls (None = off); see `token_logprobs`.
         gradient_checkpointing: recompute activations in the backward.
         use_gpu: train on the worker's GPU with NCCL (else CPU with gloo).
         seed: torch seed of every worker (random-init built-ins are then identical on every rank).
@@ -82,6 +83,7 @@ class WorkerSpec:
     weight_decay: float = 0.0
     param_dtype: str | None = None
     reduce_dtype: str | None = None
+    compute_dtype: str | None = None
     gradient_checkpointing: bool = False
     use_gpu: bool = False
     seed: int = 0
@@ -199,7 +201,8 @@ class TrainerWorker:
         self.model = model
         _route_logprobs_through_fsdp(model)
         self.router = moe_router(model)
-        self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs)
+        self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs,
+                                       compute_dtype=_DTYPES[spec.compute_dtype] if spec.compute_dtype else None)
         self.optimizer = build_optimizer(model, spec.lr, spec.betas, spec.weight_decay)
         return {"is_moe": self.router is not None,
                 "parameters": sum(p.numel() for p in model.parameters())}  # this rank's shard

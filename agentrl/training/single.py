@@ -44,13 +44,16 @@ class MicroBatchPasses:
     Args:
         model: the causal LM (in train mode).
         router: its `RoutingReplay`, or None for a dense model.
-        logprobs: `token_logprobs`-shaped `(model, mb, with_entropy=...) -> (logp, entropy)`.
+        logprobs: `token_logprobs`-shaped `(model, mb, with_entropy=..., compute_dtype=...) -> (logp, entropy)`.
+        compute_dtype: autocast dtype of the backbone's matmuls (None: the weights' dtype); see `token_logprobs`.
     """
 
-    def __init__(self, model: torch.nn.Module, router=None, logprobs: Callable = token_logprobs):
+    def __init__(self, model: torch.nn.Module, router=None, logprobs: Callable = token_logprobs,
+                 compute_dtype: torch.dtype | None = None):
         self.model = model
         self.router = router
         self.logprobs = logprobs
+        self.compute_dtype = compute_dtype
 
     def _routing(self, routes: torch.Tensor | None):
         return nullcontext() if routes is None else self.router.replay(routes)
@@ -60,10 +63,12 @@ class MicroBatchPasses:
         """pi_old log-probs and entropy of one micro-batch (replaying or recording its experts when asked)."""
         if request.record_routes:
             with self.router.record() as recording:
-                logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
+                logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True,
+                                              compute_dtype=self.compute_dtype)
             return Scored(logp, entropy, recording.routes)
         with self._routing(request.replay_routes):
-            logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
+            logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True,
+                                          compute_dtype=self.compute_dtype)
         return Scored(logp, entropy)
 
     def accumulate(self, request: UpdateRequest, objective: PolicyObjective, *, scale: float = 1.0) -> LossResult:
@@ -72,7 +77,7 @@ class MicroBatchPasses:
         # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
         with self._routing(request.replay_routes):
             logp, entropy = self.logprobs(self.model, mb, with_entropy=objective.with_entropy,
-                                          entropy_grad=objective.entropy_grad)
+                                          entropy_grad=objective.entropy_grad, compute_dtype=self.compute_dtype)
             loss, metrics = objective(logp, request, entropy)
             # A non-finite loss still runs its backward: distributed workers must all join the same collectives,
             # and the loop refuses the optimizer step afterwards.
@@ -86,7 +91,7 @@ class MicroBatchPasses:
         A worker with fewer micro-batches than its peers still has to join every collective of FSDP.
         """
         with self._routing(request.replay_routes):
-            logp, _ = self.logprobs(self.model, request.batch)
+            logp, _ = self.logprobs(self.model, request.batch, compute_dtype=self.compute_dtype)
             (logp.sum() * 0.0).backward()
 
 
@@ -98,6 +103,8 @@ class SingleProcessBackend:
             samples from the same module sees every update at once.
         lr, betas, weight_decay: AdamW settings.
         gradient_checkpointing: recompute activations in the backward (less memory, about 30% more compute).
+        compute_dtype: autocast dtype of the forward and backward matmuls (None: the weights' own); the weights,
+            gradients and AdamW state stay in the model's dtype.
     """
 
     name = "single"
@@ -105,14 +112,14 @@ class SingleProcessBackend:
     trains_in_place = True
 
     def __init__(self, policy, *, lr: float, betas: tuple[float, float], weight_decay: float,
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, compute_dtype: torch.dtype | None = None):
         self.policy = policy
         self.model = policy.model
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.router = moe_router(self.model)
-        self.passes = MicroBatchPasses(self.model, self.router)
+        self.passes = MicroBatchPasses(self.model, self.router, compute_dtype=compute_dtype)
         self.optimizer = build_optimizer(self.model, lr, betas, weight_decay)
 
     @property
