@@ -308,8 +308,10 @@ class GuardConfig:
 
     enabled: bool = True
     """Watch entropy and the train-inference KL each step."""
-    entropy_min: float = 0.25
-    """Entropy below this counts as a bad step."""
+    entropy_min: float = 0.05
+    """Entropy (mean per token) below this counts as a bad step. Learning sharpens the policy too: the main job
+    (SmolLM2 on arithmetic) sits at 0.21 with reward 0.59 after 18 steps, and a 0.25 floor stopped it there; a
+    collapsed policy is near 0."""
     k3_max: float = 0.01
     """KL(mu||pi_old) k3 estimate above this counts as a bad step."""
     patience: int = 3

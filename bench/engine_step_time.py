@@ -18,7 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,34 +28,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--engines", nargs="+", default=["hf", "vllm"])
+    ap.add_argument("--work", default=str(Path(__file__).resolve().parents[1] / "runs" / "engine_step_time"),
+                    help="run folders (kept: metrics, trajectories, curves)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `agentrl run` flags for both")
     args = ap.parse_args()
     summary = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for engine in args.engines:
-            out = Path(tmp) / engine
-            before, t0 = os.getloadavg()[0], time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--engine", engine,
-                                   "--steps", str(args.steps), "--output", str(out), *args.extra],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit(f"{engine} run failed:\n{proc.stderr[-3000:]}")
-            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            later = rows[1:] or rows
-            summary[engine] = {
-                "wall_s": round(time.perf_counter() - t0, 1),
-                "step_s_median": round(statistics.median(r["step_seconds"] for r in later), 2),
-                "rollout_s_median": round(statistics.median(r["rollout_seconds"] for r in later), 2),
-                "weight_sync_s_median": round(statistics.median(r.get("weight_sync_seconds", 0.0) for r in later), 3),
-                "kl_k3_max": max(r.get("kl_k3") or 0.0 for r in rows),
-                "reward_mean": [round(r["reward_mean"], 3) for r in rows],
-                "success_rate": [round(r["success_rate"], 3) for r in rows],
-                "reward_trend": round(statistics.mean(r["reward_mean"] for r in rows[-5:])
-                                      - statistics.mean(r["reward_mean"] for r in rows[:5]), 3),
-                "prefix_cache_hit_rate": [r.get("prefix_cache_hit_rate") for r in rows],
-                "load_before": before, "load_after": os.getloadavg()[0],
-            }
-            print(engine, json.dumps(summary[engine]), flush=True)
+    work = Path(args.work)
+    for engine in args.engines:
+        out = work / engine
+        before, t0 = os.getloadavg()[0], time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--engine", engine,
+                               "--steps", str(args.steps), "--output", str(out), "--overwrite", *args.extra],
+                              capture_output=True, text=True)
+        metrics = out / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        if proc.returncode != 0:  # keep what the run measured; say how it ended
+            print(f"{engine} run ended with code {proc.returncode}: {proc.stderr.strip()[-500:]}", flush=True)
+            if not rows:
+                raise SystemExit(f"{engine} run failed before its first step:\n{proc.stderr[-3000:]}")
+        later = rows[1:] or rows
+        summary[engine] = {
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "step_s_median": round(statistics.median(r["step_seconds"] for r in later), 2),
+            "rollout_s_median": round(statistics.median(r["rollout_seconds"] for r in later), 2),
+            "weight_sync_s_median": round(statistics.median(r.get("weight_sync_seconds", 0.0) for r in later), 3),
+            "kl_k3_max": max(r.get("kl_k3") or 0.0 for r in rows),
+            "reward_mean": [round(r["reward_mean"], 3) for r in rows],
+            "success_rate": [round(r["success_rate"], 3) for r in rows],
+            "reward_trend": round(statistics.mean(r["reward_mean"] for r in rows[-5:])
+                                  - statistics.mean(r["reward_mean"] for r in rows[:5]), 3),
+            "prefix_cache_hit_rate": [r.get("prefix_cache_hit_rate") for r in rows],
+            "load_before": before, "load_after": os.getloadavg()[0],
+            "exit_code": proc.returncode, "run": str(out),
+        }
+        print(engine, json.dumps(summary[engine]), flush=True)
     if {"hf", "vllm"} <= summary.keys():
         summary["hf_over_vllm_step_time"] = round(summary["hf"]["step_s_median"] / summary["vllm"]["step_s_median"], 2)
         summary["hf_over_vllm_rollout_time"] = round(
