@@ -78,6 +78,9 @@ class TextEnv(gym.Env[str, str]):
         * `system_prompt`: what an LLM agent is told about the task format and the action syntax.
         * `rollout_defaults` (optional): context-layout hints for runs, e.g. ``{"observation_role": "tool"}`` when
           observations are results of the agent's actions (see `agentrl.rollout_layout`).
+        * `max_episode_steps` (optional): the most steps an episode can take when the env fixes it (1 for a
+          single-turn env). Runs size the engines' KV memory by it: a single-turn episode never grows past its first
+          prompt and one reply.
 
     Threading: runner pools may step several envs of one process from a thread pool. An env whose state belongs to
     one thread (Playwright's sync API) sets ``metadata["single_thread"] = True`` and all envs of its class in a
@@ -94,6 +97,7 @@ class TextEnv(gym.Env[str, str]):
     system_prompt: ClassVar[str] = "You are an agent acting in a text environment. Reply with one action."
     shared: ClassVar[type[SharedResource] | None] = None
     rollout_defaults: ClassVar[dict[str, Any]] = {}
+    max_episode_steps: int | None = None
 
     # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call
     # `super().reset(seed=seed)` first (it seeds `self.np_random`), then build the episode from `self.np_random`.

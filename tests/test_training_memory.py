@@ -231,3 +231,31 @@ def test_compute_dtype_bad_value_names_the_key():
 
     with pytest.raises(ConfigError, match="trainer.compute_dtype"):
         TrainerConfig(compute_dtype="int8")
+
+
+def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_budget(tiny_qwen3):
+    import dataclasses
+
+    import agentrl
+    from agentrl.config import apply_overrides, load_config
+    from agentrl.engine.kv_cache import rollout_kv_bytes
+    from agentrl.train import longest_rollout_context
+
+    def resolved(cfg):  # as `set_up` resolves the context before sizing the engines
+        context, _ = cfg.context.resolved(agentrl.spec("math").load(), tiny_qwen3.tokenizer, tiny_qwen3.family)
+        return dataclasses.replace(cfg, context=context)
+
+    math = resolved(apply_overrides(load_config(None), {"env.id": "math", "rollout.engine": "vllm"}))
+    env = agentrl.make("math", **math.env.kwargs)
+    longest = longest_rollout_context(math, tiny_qwen3, env)
+    budget = math.rollout.max_context_tokens + math.rollout.max_new_tokens
+    assert math.rollout.max_new_tokens < longest < 400 < budget  # one short prompt and one reply
+    kv_bytes = {n: rollout_kv_bytes(tiny_qwen3.model.config, 4, 32, n) for n in (longest, budget)}
+    assert kv_bytes[longest] * 10 < kv_bytes[budget]
+    env.close()
+
+    multi = resolved(apply_overrides(load_config(None), {"env.id": "math",
+                                                          "env.kwargs": {"mode": "multi", "max_turns": 3}}))
+    env = agentrl.make("math", **multi.env.kwargs)
+    assert longest_rollout_context(multi, tiny_qwen3, env) == budget  # observations may grow it to the budget
+    env.close()

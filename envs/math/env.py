@@ -139,6 +139,7 @@ class MathEnv(TextEnv):
         self.level = level
         self.mode = mode
         self.max_turns = 1 if mode == "single" else max_turns
+        self.max_episode_steps = self.max_turns
         self.split = split
         self.verify_timeout_s = verify_timeout_s
         rewards = RewardConfig(correct=reward_correct, wrong=reward_wrong, no_answer=reward_no_answer,
