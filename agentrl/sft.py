@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import yaml
 
-from agentrl.config import ConfigError, ContextConfig, EnvConfig, RolloutConfig, load_yaml
+from agentrl.config import DTYPES, ConfigError, ContextConfig, EnvConfig, RolloutConfig, load_yaml
 from agentrl.context import ChatContext
 from agentrl.core import TextEnv
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
@@ -119,8 +119,9 @@ class SFTConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.gradient_checkpointing not in ("on", "off", "auto"):
             raise ConfigError(f"gradient_checkpointing must be on, off or auto, got {self.gradient_checkpointing!r}")
-        if self.compute_dtype not in ("", "bfloat16", "float16"):
-            raise ConfigError(f"compute_dtype must be empty (off), bfloat16 or float16, got {self.compute_dtype!r}")
+        if self.compute_dtype not in ("", *DTYPES):
+            raise ConfigError(f"compute_dtype must be empty (off) or one of {', '.join(DTYPES)}, "
+                              f"got {self.compute_dtype!r}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr!r}")
         if not self.data and self.demos < 1:
@@ -409,7 +410,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     import agentrl
     from agentrl.models import load_model
     from agentrl.training.checkpoint import TrainerState, save_checkpoint
-    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.logprobs import compute_dtype_of, token_logprobs
     from agentrl.training.memory import plan_training_memory
     from agentrl.training.microbatch import collate, pack_by_tokens
     from agentrl.training.single import SingleProcessBackend
@@ -435,7 +436,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     policy = load_model(cfg.model, dtype=getattr(torch, cfg.dtype))
     model, tokenizer = policy.model, policy.tokenizer
-    compute_dtype = getattr(torch, cfg.compute_dtype) if cfg.compute_dtype else None
+    compute_dtype = compute_dtype_of(cfg.compute_dtype)
     # `observation_role: auto` resolves exactly as RL resolves it, so demonstrations have RL's sample layout.
     context, _ = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), tokenizer, policy.family)
     cfg = dataclasses.replace(cfg, context=context)

@@ -73,7 +73,7 @@ from agentrl.training.checkpoint import (
     save_checkpoint,
 )
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
-from agentrl.training.logprobs import token_logprobs
+from agentrl.training.logprobs import compute_dtype_of, token_logprobs
 from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_training_memory
 from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import collate, pack_by_tokens, padding_waste
@@ -229,11 +229,6 @@ def _plan_memory(cfg: RunConfig, policy: LoadedModel, kv_cache_gib: float) -> Me
         shards=max(T.workers, 1), engine_bytes=engine_bytes)
 
 
-def _compute_dtype(cfg: RunConfig) -> torch.dtype | None:
-    """The trainer's autocast dtype, or None when its matmuls run in the weights' dtype."""
-    return getattr(torch, cfg.trainer.compute_dtype) if cfg.trainer.compute_dtype else None
-
-
 def _reserve_placement(cfg: RunConfig) -> Placement | None:
     """Reserve the trainer workers' and GPU engines' devices (None for neither); refuses what the cluster cannot hold.
 
@@ -254,7 +249,7 @@ def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str, memory: Mem
     if T.workers == 0:
         return SingleProcessBackend(policy, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                                     gradient_checkpointing=memory.gradient_checkpointing,
-                                    compute_dtype=_compute_dtype(cfg))
+                                    compute_dtype=compute_dtype_of(cfg.trainer.compute_dtype))
     spec = WorkerSpec(source, dtype=cfg.dtype, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                       param_dtype=T.param_dtype or None, reduce_dtype=T.reduce_dtype or None,
                       compute_dtype=T.compute_dtype or None,
@@ -263,27 +258,31 @@ def _build_backend(cfg: RunConfig, policy: LoadedModel, source: str, memory: Mem
     return FSDPBackend(spec, T.workers, placement)
 
 
-def longest_rollout_context(cfg: RunConfig, policy: LoadedModel, env: TextEnv) -> int:
-    """The longest context (prompt + reply) an episode of this run can reach, for sizing the engines' KV memory.
+def is_single_turn(env: TextEnv) -> bool:
+    """True when every episode of `env` ends after one step (``max_episode_steps == 1``)."""
+    return getattr(env, "max_episode_steps", None) == 1
 
-    The context budget (``max_context_tokens + max_new_tokens``), except for a single-turn env
-    (``max_episode_steps == 1``): there it is the longest first prompt of the first step's tasks, with a quarter
-    more for tasks not seen, plus one reply. Sizing single-turn math for 4k-token contexts gave vLLM a 5.7 GiB cache
-    that pushed the training step into gradient checkpointing (30% slower) for nothing.
+
+def single_turn_context(cfg: RunConfig, policy: LoadedModel) -> int:
+    """The longest context (prompt + reply) an episode of a single-turn env reaches, for sizing the engines' KV.
+
+    The longest first prompt of the first step's tasks, with a quarter more for tasks not seen, plus one reply, within
+    the context budget. Multi-turn runs size for the budget itself (``max_context_tokens + max_new_tokens``): sizing
+    single-turn math that way gave vLLM a 5.7 GiB cache that pushed the training step into gradient checkpointing
+    (30% slower) for nothing.
     """
     from agentrl.context import ChatContext
 
     R = cfg.rollout
-    budget = R.max_context_tokens + R.max_new_tokens
-    if getattr(env, "max_episode_steps", None) != 1:
-        return budget
     options = cfg.context.rollout_kwargs(policy.family)
     longest = 0
-    for i in range(R.prompts_per_step):
-        obs, info = env.reset(seed=cfg.env.seed_offset + i)
-        context = ChatContext(policy.tokenizer, env.system_prompt, options["chat_kwargs"], **options["context_options"])
-        longest = max(longest, len(context.first_prompt(obs, info)))
-    return min(budget, longest + longest // 4 + R.max_new_tokens)
+    with contextlib.closing(agentrl.make(cfg.env.id, **cfg.env.kwargs)) as env:
+        for i in range(R.prompts_per_step):
+            obs, info = env.reset(seed=cfg.env.seed_offset + i)
+            context = ChatContext(policy.tokenizer, env.system_prompt, options["chat_kwargs"],
+                                  **options["context_options"])
+            longest = max(longest, len(context.first_prompt(obs, info)))
+    return min(R.max_context_tokens + R.max_new_tokens, longest + longest // 4 + R.max_new_tokens)
 
 
 def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: int | None = None,
@@ -292,7 +291,8 @@ def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: i
 
     ``rollout.engine_kv_cache_gib`` when set; else sized so that every episode in flight on an engine (a step's
     ``prompts_per_step x group_size``, twice that with async rollouts, spread over the replicas) stays cached at its
-    longest context (`agentrl.engine.kv_cache.size_kv_cache`). Smaller, engines evict and re-prefill whole contexts.
+    longest context (`agentrl.engine.kv_cache.size_kv_cache`): `context_tokens`, or the context budget when 0.
+    Smaller, engines evict and re-prefill whole contexts.
     """
     import math
 
@@ -380,14 +380,14 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
     dtype = getattr(torch, cfg.dtype)
     # The env: fail fast on an unknown id or bad kwargs, before loading a model.
     agentrl.spec(cfg.env.id)
-    state = _resume_state(cfg, out) if resume else None
     try:
-        probe = agentrl.make(cfg.env.id, **cfg.env.kwargs)  # kept until the engines' memory is sized
+        with contextlib.closing(agentrl.make(cfg.env.id, **cfg.env.kwargs)) as probe:
+            single_turn = is_single_turn(probe)
     except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
         raise ConfigError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
 
+    state = _resume_state(cfg, out) if resume else None
     with contextlib.ExitStack() as undo:  # a set-up that fails half way releases what it had built
-        undo.callback(probe.close)
         owns_ray = _connect_ray(cfg)
         undo.callback(_disconnect_ray, owns_ray)
         placement = _reserve_placement(cfg)
@@ -404,8 +404,8 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
             cfg = dataclasses.replace(cfg, context=context)
         # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
         # The engines' KV memory first (it stays resident beside an in-process trainer), then the step's plan.
-        kv_gib, kv_note = rollout_kv_cache_gib(cfg, policy, context_tokens=longest_rollout_context(cfg, policy, probe))
-        probe.close()
+        kv_gib, kv_note = rollout_kv_cache_gib(
+            cfg, policy, context_tokens=single_turn_context(cfg, policy) if single_turn else 0)
         if kv_note:
             show({"kv_cache": kv_note})
         backend = _build_backend(cfg, policy, source, _plan_memory(cfg, policy, kv_gib), placement)
@@ -467,7 +467,7 @@ def reference_logprobs(reference: ReferencePolicy, samples: list[Sample], pad_id
     out: dict[int, torch.Tensor] = {}
     for idx in _micro_batches(samples, range(len(samples)), cfg):
         logp, _ = token_logprobs(reference.model, collate([samples[i] for i in idx], pad_id),
-                                 compute_dtype=_compute_dtype(cfg))
+                                 compute_dtype=compute_dtype_of(cfg.trainer.compute_dtype))
         out |= {i: logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
     return out
 

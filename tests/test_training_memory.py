@@ -239,7 +239,7 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     import agentrl
     from agentrl.config import apply_overrides, load_config
     from agentrl.engine.kv_cache import rollout_kv_bytes
-    from agentrl.train import longest_rollout_context
+    from agentrl.train import is_single_turn, single_turn_context
 
     def resolved(cfg):  # as `set_up` resolves the context before sizing the engines
         context, _ = cfg.context.resolved(agentrl.spec("math").load(), tiny_qwen3.tokenizer, tiny_qwen3.family)
@@ -247,7 +247,8 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
 
     math = resolved(apply_overrides(load_config(None), {"env.id": "math", "rollout.engine": "vllm"}))
     env = agentrl.make("math", **math.env.kwargs)
-    longest = longest_rollout_context(math, tiny_qwen3, env)
+    assert is_single_turn(env)
+    longest = single_turn_context(math, tiny_qwen3)
     budget = math.rollout.max_context_tokens + math.rollout.max_new_tokens
     assert math.rollout.max_new_tokens < longest < 400 < budget  # one short prompt and one reply
     kv_bytes = {n: rollout_kv_bytes(tiny_qwen3.model.config, 4, 32, n) for n in (longest, budget)}
@@ -257,5 +258,5 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     multi = resolved(apply_overrides(load_config(None), {"env.id": "math",
                                                           "env.kwargs": {"mode": "multi", "max_turns": 3}}))
     env = agentrl.make("math", **multi.env.kwargs)
-    assert longest_rollout_context(multi, tiny_qwen3, env) == budget  # observations may grow it to the budget
+    assert not is_single_turn(env)  # observations may grow it to the budget: sized for the budget
     env.close()

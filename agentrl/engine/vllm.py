@@ -341,15 +341,13 @@ class VLLMEngine:
             self.policy_version = int(version)
 
     def sleep(self) -> None:
-        """Sleep mode: drop the KV cache and offload the weights to host memory (level 1); else free cached blocks."""
+        """Sleep mode: drop the KV cache and offload the weights to host memory (level 1); without it, nothing."""
         with self._lock:
             if self._running:
                 raise EngineError("sleep() with requests still running: a rollout must finish first")
             if self.sleep_mode and not self._asleep:
                 self.llm.sleep(level=1)
                 self._asleep = True
-            elif not self.sleep_mode:
-                self.llm.reset_prefix_cache()
 
     def wake_up(self) -> None:
         """Bring the weights and the KV cache back after `sleep` (a no-op when awake)."""

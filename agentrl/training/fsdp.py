@@ -175,6 +175,7 @@ class TrainerWorker:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from agentrl.models import load_model
+        from agentrl.training.logprobs import compute_dtype_of
         from agentrl.training.single import MicroBatchPasses, build_optimizer, moe_router
 
         spec = self.spec
@@ -202,7 +203,7 @@ class TrainerWorker:
         _route_logprobs_through_fsdp(model)
         self.router = moe_router(model)
         self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs,
-                                       compute_dtype=_DTYPES[spec.compute_dtype] if spec.compute_dtype else None)
+                                       compute_dtype=compute_dtype_of(spec.compute_dtype))
         self.optimizer = build_optimizer(model, spec.lr, spec.betas, spec.weight_decay)
         return {"is_moe": self.router is not None,
                 "parameters": sum(p.numel() for p in model.parameters())}  # this rank's shard

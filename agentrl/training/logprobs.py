@@ -27,7 +27,8 @@ from torch import Tensor
 
 from agentrl.training.microbatch import MicroBatch
 
-__all__ = ["token_logprobs", "head_logprobs", "full_logprobs", "chunk_positions", "CHUNK_BYTES", "KEEP_BYTES"]
+__all__ = ["token_logprobs", "head_logprobs", "full_logprobs", "chunk_positions", "compute_dtype_of", "CHUNK_BYTES",
+           "KEEP_BYTES"]
 
 CHUNK_BYTES = 128 * 2**20
 """Float32 logits of one chunk: the backward holds about four such `[chunk, V]` tensors at its peak."""
@@ -35,6 +36,11 @@ CHUNK_BYTES = 128 * 2**20
 KEEP_BYTES = 1 * 2**30
 """Up to this many bytes of chunk log-softmaxes are kept for the backward instead of recomputed: below it the pass
 costs what the plain full-logits pass costs (no second projection); above it memory stays flat at one chunk."""
+
+
+def compute_dtype_of(name: str | None) -> torch.dtype | None:
+    """The torch dtype a ``compute_dtype`` setting names (``"bfloat16"``), or None when it is empty (autocast off)."""
+    return getattr(torch, name) if name else None
 
 
 def chunk_positions(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
