@@ -216,6 +216,11 @@ class LossConfig:
     bypass: bool = False
     """Bypass mode: pi_old = mu, the rollout's own log-probs; the recompute pass is skipped (strictly on-policy runs:
     the importance ratio is then 1 and the clip acts on pi_theta / mu; kl_k3 reads 0)."""
+    old_policy_pass: str = "auto"
+    """The pi_old recompute pass: ``auto`` skips it when the update's own forward gives exactly pi_old (one
+    mini-batch per rollout, so the weights are not updated before the loss reads them, and no Routing Replay
+    strategy that reads the pass): the update's log-probs, detached, stand for pi_old and it reports the entropy.
+    The same loss and gradient for a forward pass less (~25% of the training step). ``on``: always recompute."""
     kl_reward_coef: float = 0.0
     """KL(pi_old || pi_ref) as a reward penalty: R -= coef * sum_t k(log pi_old, log pi_ref) (0: off). A frozen copy
     of `model` is loaded as the reference only when this or ``options.kl_coef`` is > 0."""
@@ -277,6 +282,7 @@ class LossConfig:
         _require(self.memory_limit_gb >= 0, "loss.memory_limit_gb", self.memory_limit_gb, ">= 0 (0 = available)")
         _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
                  f"one of {', '.join(ROUTING_REPLAY_MODES)}")
+        _require(self.old_policy_pass in ("auto", "on"), "loss.old_policy_pass", self.old_policy_pass, "auto or on")
         _require(not (self.bypass and self.routing_replay == "r2"), "loss.bypass", self.bypass,
                  "false with routing_replay r2 (R2 replays the experts the pi_old pass records; bypass skips it)")
 

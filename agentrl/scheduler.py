@@ -31,7 +31,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,8 @@ class RolloutScheduler:
         env_id: registry id of the env.
         env_kwargs: its constructor kwargs.
         engine: the inference engine(s) (`agentrl.engine.build_engines`); the scheduler closes it in `close`.
-        model: the training module: its ``state_dict()`` is what the engine receives at each sync.
+        weights: the trained weights by name, read at each sync (the training backend's `named_weights`: the
+            driver's module for one process, gathered from the FSDP workers otherwise).
         tokenizer: for chat contexts.
         seeds_for_step: the task seeds of a step.
         sampling_for_step: the sampling settings of a step.
@@ -102,8 +103,8 @@ class RolloutScheduler:
             the trainers, and wakes before the next weight sync or rollout.
     """
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: InferenceEngine | RequestEngine, model: Any,
-                 tokenizer,
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: InferenceEngine | RequestEngine,
+                 weights: Callable[[], Iterable[tuple[str, Any]]], tokenizer,
                  seeds_for_step: Callable[[int], list[int]], sampling_for_step: Callable[[int], SamplingParams],
                  group_size: int, *, runners: int = 0, runner_actors: int = 0, ray_address: str | None = None,
                  step_timeout: float = 60.0, max_episode_retries: int = 2, sync_every: int = 1,
@@ -120,7 +121,7 @@ class RolloutScheduler:
             raise ValueError("an engine that sleeps while the trainers train cannot roll out meanwhile: colocated "
                              "engines need sync mode (drop --async, or use the split layout)")
         self.sleep_between_rollouts = sleep_between_rollouts
-        self.model, self.tokenizer = model, tokenizer
+        self.weights, self.tokenizer = weights, tokenizer
         self.seeds_for_step, self.sampling_for_step = seeds_for_step, sampling_for_step
         self.group_size, self.env_id = group_size, env_id
         self.sync_every, self.async_rollout, self.max_staleness = sync_every, async_rollout, max_staleness
@@ -150,9 +151,9 @@ class RolloutScheduler:
     # -- sync mode ---------------------------------------------------------------------------------------------
 
     def _sync(self, version: int) -> None:
-        """Hand the engine the training module's weights as `version`, timed."""
+        """Hand the engine the trained weights as `version`, timed."""
         t0 = time.perf_counter()
-        self.engine.update_weights(self.model.state_dict().items(), version)
+        self.engine.update_weights(self.weights(), version)
         self._sync_seconds += time.perf_counter() - t0
 
     def _collect(self, step: int) -> RolloutResult:

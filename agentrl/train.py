@@ -6,7 +6,8 @@ One step:
   3. samples: each trajectory becomes one sample per prefix-consistent run of turns (`agentrl.samples`).
   4. pi_old: the training model recomputes the log-probs of the sampled tokens (no grad), and the entropy.
      The rollout's own log-probs (mu) stay as they were: the loss's importance weight pi_old / mu corrects for
-     any train-inference mismatch.
+     any train-inference mismatch. With one mini-batch per rollout the update's own forward runs on the same
+     weights, so its detached log-probs are pi_old and this pass is skipped (``loss.old_policy_pass: auto``).
   5. updates: the batch splits into `n_minibatches` mini-batches of whole groups; each is one AdamW step,
      accumulated over micro-batches with global denominators, so micro-batch size never changes the gradient.
   6. metrics (one JSON line per step), the collapse guard, then a checkpoint every `save_every` steps (with the guard
@@ -14,7 +15,8 @@ One step:
 
 Objective options chosen once per run: the loss options (`build_loss_options`), per-turn advantages (GiGPO or any
 episode-level estimator), a frozen reference model only when a KL term asks for it (`agentrl.reference`), bypass
-mode (pi_old = mu: step 4 is skipped), the entropy bonus (the update pass computes the entropy with grad).
+mode (pi_old = mu: step 4 is skipped), the pi_old pass or the update's own log-probs (`choose_old_policy`), the
+entropy bonus (the update pass computes the entropy with grad).
 
 Where things live (the torchtune split): `set_up` builds and checks everything before a step runs (Ray, placement,
 model, memory plan, training backend, Routing Replay strategy, engine, scheduler); `score_old_policy` and
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -107,7 +110,9 @@ class Run:
     cfg: RunConfig
     out: Path
     policy: LoadedModel
-    """The driver's model: the tokenizer, and the weights the HF engine samples from."""
+    """The driver's model: its tokenizer and chat family, and its module for the one-process backend (which trains
+    it in place). With trainer workers its weights are released once the engines have started from them: the workers
+    own the trained weights and the scheduler syncs the engines from `backend.named_weights`."""
     backend: TrainingBackend
     routing: DenseRouting
     scheduler: RolloutScheduler
@@ -124,11 +129,6 @@ class Run:
     save_due: bool = False
     """A checkpoint fell on an unhealthy step and waits for a healthy one."""
 
-    def publish_weights(self) -> None:
-        """Give the rollout engine the weights just trained (nothing to do when the backend trains in place)."""
-        if not self.backend.trains_in_place:
-            self.policy.model.load_state_dict(dict(self.backend.named_weights()))
-
     def save(self, step: int) -> Path:
         """Checkpoint after `step` (see `agentrl.training.checkpoint`)."""
         state = TrainerState.capture(step, self.backend.name, self.backend.world_size, self.shuffle)
@@ -136,7 +136,7 @@ class Run:
 
     def restore(self) -> int | None:
         """Load the weights and the optimizer state of the checkpoint together; the step it holds, or None if none."""
-        return restore_checkpoint(self.out, self.backend, self.publish_weights)
+        return restore_checkpoint(self.out, self.backend)
 
     def close(self) -> None:
         """Stop the rollout scheduler, the trainer workers and (when this run started it) Ray."""
@@ -310,7 +310,7 @@ def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: i
                          episodes, context_tokens or R.max_context_tokens + R.max_new_tokens, available_bytes)
 
 
-def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path, start_step: int,
+def _build_rollout(cfg: RunConfig, policy: LoadedModel, backend: TrainingBackend, out: Path, start_step: int,
                    kv_cache_gib: float, placement: Placement | None, show) -> RolloutScheduler:
     """The inference engine and the rollout scheduler around it (runner pool, sync interval or async producer)."""
     R = cfg.rollout
@@ -318,9 +318,9 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
     # one process may share the training module instead (free sync). MoE rollouts carry the experts the engine
     # chose: R3 replays them, the other modes measure router agreement.
     spec = EngineSpec(kind=R.engine, dtype=R.engine_dtype or cfg.dtype, batch_size=R.engine_batch_size,
-                      capture_routes=is_moe, kv_cache_gib=kv_cache_gib, seed=cfg.seed,
+                      capture_routes=backend.is_moe, kv_cache_gib=kv_cache_gib, seed=cfg.seed,
                       max_model_len=R.max_context_tokens + R.max_new_tokens, sleep_mode=cfg.trainer.colocate)
-    share = R.sync_every == 1 and not R.async_rollout
+    share = backend.trains_in_place and R.sync_every == 1 and not R.async_rollout
     try:
         engine = build_engines(spec, policy, replicas=R.engines, ray_address=R.ray_address, share_module=share,
                                version=start_step,
@@ -336,7 +336,7 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
         default=list))
     # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.scheduler).
     return RolloutScheduler(
-        cfg.env.id, cfg.env.kwargs, engine, policy.model, policy.tokenizer,
+        cfg.env.id, cfg.env.kwargs, engine, backend.named_weights, policy.tokenizer,
         seeds_for_step=lambda s: [cfg.env.seed_offset + s * R.prompts_per_step + i for i in range(R.prompts_per_step)],
         sampling_for_step=lambda s: sampling if sampling.seed is None else replace(sampling, seed=cfg.seed + s),
         group_size=R.group_size, runners=R.runners, runner_actors=R.runner_actors, ray_address=R.ray_address,
@@ -351,13 +351,25 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, is_moe: bool, out: Path,
     )
 
 
+def release_weights(policy: LoadedModel) -> None:
+    """Free the driver's copy of the weights (the module moves to the meta device; config and tokenizer stay).
+
+    With trainer workers the driver needs the weights only to start the engines: afterwards the workers hold the
+    trained ones and the engines their own, and a third full replica in the driver (4 bytes a parameter in float32:
+    28 GB for a 7B model) would only cost memory.
+    """
+    policy.model.to("meta")
+
+
 def _pad_id(tokenizer) -> int:
     """The id that pads micro-batches (never trained on: the loss mask is 0 there)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def restore_checkpoint(out: Path, backend: TrainingBackend, publish) -> int | None:
-    """Load the weights and the optimizer state of `out/checkpoint` into `backend` together, then `publish()` them.
+def restore_checkpoint(out: Path, backend: TrainingBackend) -> int | None:
+    """Load the weights and the optimizer state of `out/checkpoint` into `backend` together.
+
+    The engines get them at their next sync.
 
     Returns:
         The step the checkpoint holds, or None when there is none.
@@ -366,7 +378,6 @@ def restore_checkpoint(out: Path, backend: TrainingBackend, publish) -> int | No
     if not (folder / "trainer_state.json").exists():
         return None
     backend.load(folder)  # weights and optimizer state: a rollback must not keep the collapsed run's moments
-    publish()
     return read_trainer_state(folder).step
 
 
@@ -422,7 +433,9 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
         start_step = state.step + 1 if state is not None else 0
-        scheduler = _build_rollout(cfg, policy, backend.is_moe, out, start_step, kv_gib, placement, show)
+        scheduler = _build_rollout(cfg, policy, backend, out, start_step, kv_gib, placement, show)
+        if not backend.trains_in_place:
+            release_weights(policy)
         undo.pop_all()  # from here on `Run.close` releases them
     G = cfg.guard
     return Run(cfg, out, policy, backend, routing, scheduler, CollapseGuard(G.entropy_min, G.k3_max, G.patience,
@@ -551,16 +564,28 @@ def _overlong_and_dynamic_sampling(trajectories: list[Trajectory], L: LossConfig
     return trajectories, keep
 
 
-def bypass_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict[int, torch.Tensor], float,
-                                                                              list[list[int]]]:
+OldPolicy = tuple[dict[int, torch.Tensor] | None, float | None, list[list[int]]]
+"""What step 4 gives the updates: log pi_old per sample (None: the update pass's own, detached), the mean entropy
+over loss tokens (None: the update pass reports it) and the step's micro-batches."""
+
+
+def bypass_old_policy(run: Run, samples: list[Sample], pad_id: int) -> OldPolicy:
     """Bypass mode: pi_old = mu, the rollout's own log-probs; no pass runs (the entropy comes from the updates)."""
     run.routing.begin_step(len(samples))
     old_logp = {i: torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) for i, s in enumerate(samples)}
-    return old_logp, float("nan"), _micro_batches(samples, range(len(samples)), run.cfg)
+    return old_logp, None, _micro_batches(samples, range(len(samples)), run.cfg)
 
 
-def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict[int, torch.Tensor], float,
-                                                                            list[list[int]]]:
+def update_is_old_policy(run: Run, samples: list[Sample], pad_id: int) -> OldPolicy:
+    """pi_old = the update pass's own log-probs, detached; no pass runs and the updates report the entropy.
+
+    Exact with one optimizer step per rollout: the update's forward runs on the weights a recompute pass would score.
+    """
+    run.routing.begin_step(len(samples))
+    return None, None, _micro_batches(samples, range(len(samples)), run.cfg)
+
+
+def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> OldPolicy:
     """pi_old: the trainer's log-probs of the sampled tokens before any update, and the mean entropy.
 
     Returns per sample its `[len - 1]` log-probs, the entropy averaged over loss tokens, and the micro-batches.
@@ -581,8 +606,21 @@ def score_old_policy(run: Run, samples: list[Sample], pad_id: int) -> tuple[dict
     return old_logp, entropy_sum / max(entropy_tokens, 1.0), chunks
 
 
-def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Tensor], ref_logp: dict[int, torch.Tensor],
-                  pad_id: int, step: int) -> tuple[list[LossResult], list[float]]:
+def choose_old_policy(loss: LossConfig, routing: DenseRouting) -> Callable[[Run, list[Sample], int], OldPolicy]:
+    """Step 4, chosen once per run.
+
+    Bypass (pi_old = mu); the update's own log-probs (``old_policy_pass: auto`` with one mini-batch and a routing
+    strategy that does not read the pass); or the recompute pass.
+    """
+    if loss.bypass:
+        return bypass_old_policy
+    if loss.old_policy_pass == "auto" and loss.n_minibatches == 1 and not routing.needs_old_policy_pass:
+        return update_is_old_policy
+    return score_old_policy
+
+
+def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Tensor] | None,
+                  ref_logp: dict[int, torch.Tensor], pad_id: int, step: int) -> tuple[list[LossResult], list[float]]:
     """One optimizer step per mini-batch of whole groups, accumulated over micro-batches.
 
     Every micro-batch's loss divides by the whole mini-batch's counts, so neither the micro-batch size nor the
@@ -594,10 +632,10 @@ def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Ten
     groups = torch.tensor([s.group_id for s in samples])
     for members in minibatch_indices(groups, L.n_minibatches, generator=run.shuffle):
         members = members.tolist()
-        # The update pass computes the entropy when the loss trains on it (bonus) or no pi_old pass did (bypass).
+        # The update pass computes the entropy when the loss trains on it (bonus) or no pi_old pass did.
         objective = PolicyObjective(functools.partial(policy_loss, L.name, opts=run.objective), len(members),
                                     sum(samples[i].num_loss_tokens for i in members),
-                                    with_entropy=run.objective.entropy_coef > 0 or L.bypass,
+                                    with_entropy=run.objective.entropy_coef > 0 or L.bypass or old_logp is None,
                                     entropy_grad=run.objective.entropy_coef > 0)
         chunks = _micro_batches(samples, members, run.cfg)
         requests = []
@@ -605,7 +643,8 @@ def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Ten
             chunk = [samples[i] for i in idx]
             mb = collate(chunk, pad_id)
             width = mb.loss_mask.shape[1]
-            mb_old = torch.stack([F.pad(old_logp[i], (0, width - len(old_logp[i]))) for i in idx])  # [n, T]
+            mb_old = None if old_logp is None else torch.stack(
+                [F.pad(old_logp[i], (0, width - len(old_logp[i]))) for i in idx])  # [n, T]
             request = run.routing.update_request(idx, chunk, mb, mb_old)
             if ref_logp:  # KL to the reference in the loss
                 request = replace(request, ref_logp=torch.stack([F.pad(ref_logp[i], (0, width - len(ref_logp[i])))
@@ -657,6 +696,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     except TrainerFailure as e:
         raise TrainingError(f"the trainer workers could not start: {e}") from None
     out, pad_id, step = run.out, _pad_id(run.policy.tokenizer), run.start_step
+    old_policy = choose_old_policy(run.cfg.loss, run.routing)
     metrics_file = out / "metrics.jsonl"
     try:
         bar = tqdm(range(run.start_step, cfg.steps), initial=run.start_step, total=cfg.steps, disable=not progress,
@@ -683,19 +723,17 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
 
             # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); bypass
             #    mode takes pi_old = mu instead.
-            old_policy = bypass_old_policy if cfg.loss.bypass else score_old_policy
             old_logp, entropy, micro_batches = old_policy(run, samples, pad_id)
 
             # 5. Updates, then the engines sample from the new weights.
             results, grad_norms = update_policy(run, samples, old_logp, ref_logp, pad_id, step)
-            run.publish_weights()
             run.scheduler.updated(step)  # async mode: the engine samples from the new weights from now on
 
             # 6. Metrics.
             step_seconds = time.perf_counter() - t_start
             losses = weighted_mean(results)
-            if cfg.loss.bypass:  # the update pass's entropy (pi_theta = pi_old in the first mini-batch)
-                entropy = losses.pop("policy_entropy")
+            if entropy is None:  # the update pass's entropy (pi_theta = pi_old in the first mini-batch)
+                entropy = losses["policy_entropy"]
             metrics = {
                 "step": step, **rollout_metrics(trajectories, rewards), "entropy": entropy,
                 **losses, **objective_metrics,

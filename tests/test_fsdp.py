@@ -129,6 +129,27 @@ def test_killed_trainer_worker_ends_the_run_with_a_resumable_checkpoint(tmp_path
     assert (ckpt / "shards" / ".metadata").exists() and (ckpt / "model.safetensors").exists()
 
 
+def test_driver_releases_its_replica_and_engines_sync_from_the_workers(tmp_path, monkeypatch):
+    """With trainer workers the driver keeps no weights after set-up; the engine still samples the trained ones."""
+    import agentrl.train as train_mod
+
+    released = []
+    real_release = train_mod.release_weights
+
+    def release(policy):
+        real_release(policy)
+        released.append({p.device.type for p in policy.model.parameters()})
+
+    monkeypatch.setattr(train_mod, "release_weights", release)
+    out = train_mod.train(_tiny_fsdp_config(tmp_path, "release", steps=2, **{"optim.lr": 1e-2}), progress=False)
+    assert released == [{"meta"}]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # Step 1 samples from the weights step 0 trained (lr 1e-2 moves them): pi_old (workers) equals mu (engine, synced
+    # from the workers' named_weights) to float noise. A stale engine would read ~1e-3 here.
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(abs(r["kl_k3"]) < 1e-5 for r in rows), [r["kl_k3"] for r in rows]
+
+
 def _rows(path) -> list[dict]:
     timing = ("seconds", "_per_s", "busy_frac")
     return [{k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}

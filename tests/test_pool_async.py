@@ -42,18 +42,16 @@ def test_buffer_rejects_mixed_groups():
         FreshnessBuffer(-1)
 
 
-class Trainer:
-    """A stand-in training module with no weights: the engine only records the version it was given."""
-
-    def state_dict(self) -> dict:
-        return {}
+def no_weights() -> list:
+    """A stand-in trainer with no weights: the engine only records the version it was given."""
+    return []
 
 
 def _scheduler(tokenizer, engine=None, **kwargs) -> tuple[RolloutScheduler, PromptHashEngine]:
     engine = engine or PromptHashEngine(tokenizer)
     engine.policy_version = -1
     sched = RolloutScheduler(
-        "walk", {"length": 2}, engine, Trainer(), tokenizer,
+        "walk", {"length": 2}, engine, no_weights, tokenizer,
         seeds_for_step=lambda s: [10 * s, 10 * s + 1], sampling_for_step=lambda s: SamplingParams(temperature=0),
         group_size=2, rollout_kwargs={"max_turns": 2}, maker=EnvMaker("walk", {"length": 2}, entry_point=WalkEnv),
         **kwargs)

@@ -86,6 +86,51 @@ def test_no_reference_unless_asked_and_bypass_mode(tmp_path):
     assert row["entropy"] > 0  # from the update pass: no pi_old pass ran
 
 
+def test_the_update_pass_stands_for_pi_old_with_one_minibatch(tmp_path, monkeypatch):
+    """``old_policy_pass: auto`` skips the recompute pass and trains exactly as ``on`` does: same metrics, weights."""
+    from safetensors.torch import load_file
+
+    from agentrl.training.single import SingleProcessBackend
+
+    scored = []
+    real_score = SingleProcessBackend.score
+    monkeypatch.setattr(SingleProcessBackend, "score", lambda self, requests: scored.append(len(requests))
+                        or real_score(self, requests))
+    rows, weights = {}, {}
+    for mode in ("auto", "on"):
+        scored.clear()
+        from test_train import tiny_config  # its parity env gives varied rewards: a real gradient
+
+        cfg = tiny_config(tmp_path / mode, steps=1, **{"loss.old_policy_pass": mode, "optim.lr": 1e-2})
+        out = train(cfg, progress=False)
+        assert bool(scored) == (mode == "on")  # auto: no pi_old pass ran
+        rows[mode] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+        weights[mode] = load_file(out / "checkpoint" / "model.safetensors")
+    assert rows["auto"]["reward_mean"] == rows["on"]["reward_mean"]  # the same rollout
+    for key in ("loss", "kl_k3", "is_weight_mean", "entropy", "grad_norm", "ratio_max"):
+        assert rows["auto"][key] == pytest.approx(rows["on"][key], rel=1e-5, abs=1e-7), key
+    init = load_model("tiny-qwen3").model.state_dict()
+    assert any(not torch.equal(weights["on"][k], init[k]) for k in weights["on"])  # lr 1e-2 moved them
+    for name, w in weights["on"].items():
+        torch.testing.assert_close(weights["auto"][name], w, rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_recompute_pass_runs_where_the_update_pass_is_not_pi_old(tmp_path):
+    from agentrl.config import LossConfig
+    from agentrl.train import bypass_old_policy, choose_old_policy, score_old_policy, update_is_old_policy
+    from agentrl.training.replay import DenseRouting, LiveRouting, R2Routing, R3Routing
+
+    assert choose_old_policy(LossConfig(), DenseRouting()) is update_is_old_policy
+    assert choose_old_policy(LossConfig(), R3Routing()) is update_is_old_policy  # engine routes in both passes
+    assert choose_old_policy(LossConfig(n_minibatches=2), DenseRouting()) is score_old_policy  # later steps move
+    assert choose_old_policy(LossConfig(), LiveRouting()) is score_old_policy  # measures router agreement on it
+    assert choose_old_policy(LossConfig(routing_replay="r2"), R2Routing()) is score_old_policy  # replays its routes
+    assert choose_old_policy(LossConfig(old_policy_pass="on"), DenseRouting()) is score_old_policy
+    assert choose_old_policy(LossConfig(bypass=True), DenseRouting()) is bypass_old_policy
+    with pytest.raises(ConfigError, match="loss.old_policy_pass must be auto or on"):
+        LossConfig(old_policy_pass="off")
+
+
 def test_bypass_with_r2_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="loss.bypass must be false with routing_replay r2"):
         _cfg(tmp_path, **{"loss.bypass": True, "loss.routing_replay": "r2"})
@@ -105,8 +150,8 @@ def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_go
         saved[step] = snapshot(self.backend)
         return real_save(self, step)
 
-    def restore(out, backend, publish):
-        step = real_restore(out, backend, publish)
+    def restore(out, backend):
+        step = real_restore(out, backend)
         restored.append((step, *snapshot(backend)))
         return step
 

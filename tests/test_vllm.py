@@ -142,7 +142,7 @@ def test_rollout_tags_versions_and_prefix_cache_hits_every_later_turn(engine, po
     from agentrl.scheduler import RolloutScheduler
 
     sched = RolloutScheduler(
-        "alfworld", {}, _Unclosed(engine), policy.model, policy.tokenizer,
+        "alfworld", {}, _Unclosed(engine), lambda: policy.model.state_dict().items(), policy.tokenizer,
         seeds_for_step=lambda s: [s, 100 + s], sampling_for_step=lambda s: SamplingParams(max_new_tokens=8, seed=s),
         group_size=2, rollout_kwargs={"max_turns": 3}, start_step=3)
     try:

@@ -69,13 +69,14 @@ class UpdateRequest:
 
     Attributes:
         batch: the right-padded micro-batch.
-        old_logp: log pi_old of its tokens, `[n, T]`.
+        old_logp: log pi_old of its tokens, `[n, T]`; None: this pass's own log-probs, detached (one optimizer
+            step per rollout, so the weights being updated are pi_old).
         replay_routes: MoE experts to replay in the forward and the backward (R2 / R3); None routes live.
         ref_logp: log pi_ref of its tokens, `[n, T]`, when the loss has a KL-to-reference term; else None.
     """
 
     batch: Any
-    old_logp: torch.Tensor
+    old_logp: torch.Tensor | None
     replay_routes: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
 

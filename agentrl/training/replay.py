@@ -40,6 +40,10 @@ def _rollout_routes(samples: Sequence, width: int) -> torch.Tensor:
 class DenseRouting:
     """A dense model: plain passes, no routing metric."""
 
+    needs_old_policy_pass = False
+    """The strategy reads the pi_old pass (R2 replays its experts, live routing measures agreement with it), so
+    the update pass's own log-probs cannot stand in for it."""
+
     def begin_step(self, num_samples: int) -> None:
         """Forget the previous step."""
 
@@ -50,8 +54,9 @@ class DenseRouting:
     def scored(self, indices: Sequence[int], samples: Sequence, batch, result: Scored) -> None:
         """Take note of a micro-batch's pi_old pass."""
 
-    def update_request(self, indices: Sequence[int], samples: Sequence, batch, old_logp: torch.Tensor) -> UpdateRequest:
-        """The update request of the micro-batch holding `samples`."""
+    def update_request(self, indices: Sequence[int], samples: Sequence, batch,
+                       old_logp: torch.Tensor | None) -> UpdateRequest:
+        """The update request of the micro-batch holding `samples` (`old_logp` None: the pass's own, detached)."""
         return UpdateRequest(batch, old_logp)
 
     def metrics(self) -> dict[str, float | None]:
@@ -61,6 +66,8 @@ class DenseRouting:
 
 class LiveRouting(DenseRouting):
     """An MoE model routed live; the pi_old pass records the training router's experts to measure agreement."""
+
+    needs_old_policy_pass = True
 
     def begin_step(self, num_samples: int) -> None:
         """Forget the previous step's routes and agreement."""
