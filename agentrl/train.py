@@ -443,6 +443,28 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
                reference=load_reference(cfg, getattr(torch, cfg.dtype)))
 
 
+def carries_gradient(sample: Sample) -> bool:
+    """Whether any of the sample's loss tokens has a nonzero advantage.
+
+    Every policy loss here is the advantage times a function of the log-probs (ratios, clips and corrections
+    included), so without a KL or entropy term a sample whose loss tokens all have advantage 0 adds exactly 0 to the
+    gradient: the base model's first WebShop step (every episode scores 0) trains nothing.
+    """
+    advantages = sample.token_advantages or (sample.advantage,) * len(sample.input_ids)
+    return any(a != 0.0 for a, m in zip(advantages, sample.loss_mask) if m)
+
+
+def gradient_members(samples: list[Sample], members: list[int]) -> list[int]:
+    """The members whose forward and backward can change the update: those that carry a gradient.
+
+    When none does, the shortest member stays, so that the optimizer step still sees the zero gradients it would
+    have seen (AdamW moves weights with zero gradients, through its moments and weight decay, and skips
+    parameters without any).
+    """
+    kept = [i for i in members if carries_gradient(samples[i])]
+    return kept or [min(members, key=lambda i: len(samples[i].input_ids))]
+
+
 def _micro_batches(samples: list[Sample], members, cfg: RunConfig) -> list[list[int]]:
     """Sample indices per micro-batch: longest first, packed to the token budget (see `pack_by_tokens`)."""
     return pack_by_tokens([len(s.input_ids) for s in samples], members, cfg.loss.micro_batch_tokens,
@@ -620,15 +642,23 @@ def choose_old_policy(loss: LossConfig, routing: DenseRouting) -> Callable[[Run,
 
 
 def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Tensor] | None,
-                  ref_logp: dict[int, torch.Tensor], pad_id: int, step: int) -> tuple[list[LossResult], list[float]]:
+                  ref_logp: dict[int, torch.Tensor], pad_id: int,
+                  step: int) -> tuple[list[LossResult], list[float], int]:
     """One optimizer step per mini-batch of whole groups, accumulated over micro-batches.
 
     Every micro-batch's loss divides by the whole mini-batch's counts, so neither the micro-batch size nor the
-    number of trainer workers changes the gradient.
+    number of trainer workers changes the gradient. Without a KL or entropy term in the loss, samples with no
+    nonzero advantage skip their passes (`gradient_members`): the gradient is the same, and the update's metrics
+    (and, without a pi_old pass, the entropy) cover the samples that were trained on.
+
+    Returns:
+        The micro-batches' results, the gradient norm of each optimizer step, and the samples skipped.
     """
     L = run.cfg.loss
     results: list[LossResult] = []
     grad_norms: list[float] = []
+    skipped = 0
+    exact_skip = run.objective.kl_coef == 0 and run.objective.entropy_coef == 0
     groups = torch.tensor([s.group_id for s in samples])
     for members in minibatch_indices(groups, L.n_minibatches, generator=run.shuffle):
         members = members.tolist()
@@ -637,7 +667,9 @@ def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Ten
                                     sum(samples[i].num_loss_tokens for i in members),
                                     with_entropy=run.objective.entropy_coef > 0 or L.bypass or old_logp is None,
                                     entropy_grad=run.objective.entropy_coef > 0)
-        chunks = _micro_batches(samples, members, run.cfg)
+        trained = gradient_members(samples, members) if exact_skip else members
+        skipped += len(members) - len(trained)
+        chunks = _micro_batches(samples, trained, run.cfg)
         requests = []
         for idx in chunks:
             chunk = [samples[i] for i in idx]
@@ -662,7 +694,7 @@ def update_policy(run: Run, samples: list[Sample], old_logp: dict[int, torch.Ten
         norm = run.backend.step(run.cfg.optim.grad_clip)
         if math.isfinite(norm):
             grad_norms.append(norm)
-    return results, grad_norms
+    return results, grad_norms, skipped
 
 
 def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> Path:
@@ -726,7 +758,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             old_logp, entropy, micro_batches = old_policy(run, samples, pad_id)
 
             # 5. Updates, then the engines sample from the new weights.
-            results, grad_norms = update_policy(run, samples, old_logp, ref_logp, pad_id, step)
+            results, grad_norms, skipped = update_policy(run, samples, old_logp, ref_logp, pad_id, step)
             run.scheduler.updated(step)  # async mode: the engine samples from the new weights from now on
 
             # 6. Metrics.
@@ -738,7 +770,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 "step": step, **rollout_metrics(trajectories, rewards), "entropy": entropy,
                 **losses, **objective_metrics,
                 "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-                "samples": len(samples), "micro_batches": len(micro_batches),
+                "samples": len(samples), "samples_without_gradient": skipped, "micro_batches": len(micro_batches),
                 "padding_waste": padding_waste([len(s.input_ids) for s in samples], micro_batches),
                 **run.routing.metrics(),
                 "rollout_seconds": t_rollout, "step_seconds": step_seconds,

@@ -121,11 +121,15 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     print(f"== {env_id}", flush=True)
 
     phases = report["phases"]
-    # SFT gets 10 minutes of slack beyond its loop bound: demonstrations, loading, the checkpoint.
-    phases["sft"] = run_phase("sft", ["sft", "--config", str(run / "sft.yaml"), "--overwrite"],
-                              args.sft_seconds + 600, run / "sft.log")
-    if phases["sft"]["rc"] != 0:
-        return report
+    if args.reuse and (sft_dir / "checkpoint" / "config.json").exists():
+        print(f"  sft: reusing {sft_dir / 'checkpoint'}", flush=True)
+        phases["sft"] = {"reused": str(sft_dir / "checkpoint")}
+    else:
+        # SFT gets 10 minutes of slack beyond its loop bound: demonstrations, loading, the checkpoint.
+        phases["sft"] = run_phase("sft", ["sft", "--config", str(run / "sft.yaml"), "--overwrite"],
+                                  args.sft_seconds + 600, run / "sft.log")
+        if phases["sft"]["rc"] != 0:
+            return report
     phases["rl"] = run_phase("rl", ["run", "--config", str(run / "rl.yaml"), "--overwrite"], args.rl_seconds,
                              run / "rl.log")
 
@@ -144,6 +148,10 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
         models["sft_rl"] = str(rl_dir / "checkpoint")
     evals = {}
     for label, model in models.items():
+        if args.reuse and label == "base" and (run / "eval_base" / "results.json").exists():
+            print(f"  eval base: reusing {run / 'eval_base'}", flush=True)  # the base model never changes
+            evals[label] = load_results(run / "eval_base")
+            continue
         phases[f"eval_{label}"] = run_phase(f"eval {label}", [*common, "--model", model, "--output",
                                                               str(run / f"eval_{label}")],
                                             args.eval_seconds, run / f"eval_{label}.log")
@@ -283,6 +291,9 @@ def main() -> None:
     parser.add_argument("--engine-dtype", default="", help="the engine's precision (default: the model's)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
     parser.add_argument("--results", default=str(OUT / "learn_multiturn.json"), help="where the JSON goes")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the SFT checkpoint and the base model's eval already in --work (RL and the other "
+                             "evals run again)")
     parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")
     parser.add_argument("--skip-tokens", action="store_true", help="skip the trainer-tokens-vs-turns table")
     args = parser.parse_args()

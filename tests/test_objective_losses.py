@@ -338,3 +338,19 @@ def test_metrics_are_floats_with_required_names():
         log_rho = (old - rollout)[mask]
         assert metrics["kl_k1"] == pytest.approx(float((-log_rho).mean()))
         assert metrics["kl_k3"] == pytest.approx(float((log_rho.exp() - 1 - log_rho).mean()))
+
+
+# -- zero advantage, zero gradient (the trainer skips such samples) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("correction", ["tis", "icepop", "mis", "none"])
+def test_zero_advantage_gives_exactly_zero_gradient_whatever_the_ratios(name, correction):
+    """Every loss is the advantage times a function of the log-probs: the trainer leaves samples whose loss tokens
+    all have advantage 0 out of the passes (`agentrl.train.gradient_members`) on the strength of this."""
+    logp, old, rollout, _, mask = _random_batch(seed=3)
+    adv = torch.where(mask, 0.0, 5.0)  # [N, T]: zero on every loss token, anything on padding
+    for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        grad = _grad(name, logp, old, rollout, adv, mask, correction=correction, agg=agg,
+                     **({"loss_scale_factor": 7.0} if agg.endswith("norm") else {}))
+        assert (grad == 0).all(), (name, correction, agg)

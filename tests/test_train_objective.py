@@ -115,6 +115,41 @@ def test_the_update_pass_stands_for_pi_old_with_one_minibatch(tmp_path, monkeypa
         torch.testing.assert_close(weights["auto"][name], w, rtol=0, atol=1e-6, msg=name)
 
 
+def test_samples_without_advantage_skip_their_passes_and_the_update_is_unchanged(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+    from test_train import tiny_config  # the parity env: some groups score alike (advantage 0), others do not
+
+    rows, weights = {}, {}
+    for mode in ("skip", "all"):
+        if mode == "all":
+            monkeypatch.setattr(train_mod, "gradient_members", lambda samples, members: members)
+        cfg = tiny_config(tmp_path / mode, steps=2, **{"optim.lr": 1e-2, "rollout.group_size": 2,
+                                                       "rollout.prompts_per_step": 6})
+        out = train(cfg, progress=False)
+        rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        weights[mode] = load_file(out / "checkpoint" / "model.safetensors")
+    skipped = [r["samples_without_gradient"] for r in rows["skip"]]
+    assert any(skipped) and all(n < r["samples"] for n, r in zip(skipped, rows["skip"]))
+    assert [r["samples_without_gradient"] for r in rows["all"]] == [0, 0]
+    for a, b in zip(rows["skip"], rows["all"]):
+        assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    for name, w in weights["all"].items():  # the sum over micro-batches only regroups: float noise
+        torch.testing.assert_close(weights["skip"][name], w, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_batch_without_any_advantage_keeps_one_sample_for_the_optimizer_step():
+    from agentrl.train import carries_gradient, gradient_members
+
+    def sample(n: int, advantage: float, token_advantages=None) -> Sample:
+        return Sample((1,) * n, (0,) + (1,) * (n - 1), (0.0,) * n, advantage, 0, token_advantages=token_advantages)
+
+    flat = [sample(5, 0.0), sample(3, 0.0), sample(4, 0.0)]
+    assert gradient_members(flat, [0, 1, 2]) == [1]  # the shortest: AdamW still steps on zero gradients
+    mixed = [sample(5, 0.0), sample(3, 0.5), sample(4, 0.0, token_advantages=(9.0, 0, 0, 0))]
+    assert not carries_gradient(mixed[2])  # its only nonzero advantage sits on a prompt token
+    assert gradient_members(mixed, [0, 1, 2]) == [1]
+
+
 def test_the_recompute_pass_runs_where_the_update_pass_is_not_pi_old(tmp_path):
     from agentrl.config import LossConfig
     from agentrl.train import bypass_old_policy, choose_old_policy, score_old_policy, update_is_old_policy
