@@ -130,8 +130,12 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
                                   args.sft_seconds + 600, run / "sft.log")
         if phases["sft"]["rc"] != 0:
             return report
-    phases["rl"] = run_phase("rl", ["run", "--config", str(run / "rl.yaml"), "--overwrite"], args.rl_seconds,
-                             run / "rl.log")
+    if args.reuse and (rl_dir / "checkpoint" / "config.json").exists():
+        print(f"  rl: reusing {rl_dir / 'checkpoint'}", flush=True)
+        phases["rl"] = {"reused": str(rl_dir / "checkpoint")}
+    else:
+        phases["rl"] = run_phase("rl", ["run", "--config", str(run / "rl.yaml"), "--overwrite"], args.rl_seconds,
+                                 run / "rl.log")
 
     rollout = rl_cfg.get("rollout", {})
     kwargs = [a for k, v in sft_cfg.get("env", {}).get("kwargs", {}).items() if k != "split"
@@ -148,9 +152,9 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
         models["sft_rl"] = str(rl_dir / "checkpoint")
     evals = {}
     for label, model in models.items():
-        if args.reuse and label == "base" and (run / "eval_base" / "results.json").exists():
-            print(f"  eval base: reusing {run / 'eval_base'}", flush=True)  # the base model never changes
-            evals[label] = load_results(run / "eval_base")
+        if args.reuse and (run / f"eval_{label}" / "results.json").exists():
+            print(f"  eval {label}: reusing {run / f'eval_{label}'}", flush=True)
+            evals[label] = load_results(run / f"eval_{label}")
             continue
         phases[f"eval_{label}"] = run_phase(f"eval {label}", [*common, "--model", model, "--output",
                                                               str(run / f"eval_{label}")],
@@ -164,9 +168,11 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
                       for label, r in evals.items()}
     for a, b in (("sft_rl", "sft"), ("sft", "base")):
         if a in evals and b in evals:
-            diff = bootstrap_pass_at_k_difference(task_counts(evals[a]["episodes"]), task_counts(evals[b]["episodes"]),
-                                                  1, paired=True)
-            report["eval"][f"{a}_minus_{b}"] = diff.to_dict() | {"significant": diff.excludes_zero}
+            counts_a, counts_b = task_counts(evals[a]["episodes"]), task_counts(evals[b]["episodes"])
+            # Paired when both sides played the same tasks; a reused eval with another episode count is not.
+            diff = bootstrap_pass_at_k_difference(counts_a, counts_b, 1, paired=len(counts_a) == len(counts_b))
+            report["eval"][f"{a}_minus_{b}"] = diff.to_dict() | {"significant": diff.excludes_zero,
+                                                                 "paired": len(counts_a) == len(counts_b)}
 
     sft_rows, rl_rows = _rows(sft_dir / "metrics.jsonl"), _rows(rl_dir / "metrics.jsonl")
     report["sft"] = json.loads((sft_dir / "summary.json").read_text()) if (sft_dir / "summary.json").exists() else {}
@@ -292,8 +298,8 @@ def main() -> None:
     parser.add_argument("--work", default=str(ROOT / "runs" / "learn_multiturn"))
     parser.add_argument("--results", default=str(OUT / "learn_multiturn.json"), help="where the JSON goes")
     parser.add_argument("--reuse", action="store_true",
-                        help="keep the SFT checkpoint and the base model's eval already in --work (RL and the other "
-                             "evals run again)")
+                        help="keep what an earlier invocation finished in --work (the SFT and RL checkpoints, "
+                             "each model's eval) and run only the rest")
     parser.add_argument("--tokens-only", action="store_true", help="only the trainer-tokens-vs-turns table")
     parser.add_argument("--skip-tokens", action="store_true", help="skip the trainer-tokens-vs-turns table")
     args = parser.parse_args()
