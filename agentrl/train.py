@@ -771,6 +771,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 **losses, **objective_metrics,
                 "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
                 "samples": len(samples), "samples_without_gradient": skipped, "micro_batches": len(micro_batches),
+                "update_micro_batches": len(results),
                 "padding_waste": padding_waste([len(s.input_ids) for s in samples], micro_batches),
                 **run.routing.metrics(),
                 "rollout_seconds": t_rollout, "step_seconds": step_seconds,

@@ -72,8 +72,9 @@ def main() -> None:
         backend.model.load_state_dict(start_weights)
         backend.optimizer.load_state_dict(start_optim)
         members = gradient_members(samples, list(range(n))) if skip else list(range(n))
+        # As the loop does: without a pi_old pass the update computes the entropy the pass would have reported.
         objective = PolicyObjective(functools.partial(policy_loss, "minirl"), n,
-                                    sum(s.num_loss_tokens for s in samples))
+                                    sum(s.num_loss_tokens for s in samples), with_entropy=not recompute)
         t0 = time.perf_counter()
         chunks = [members[i : i + 2] for i in range(0, len(members), 2)]
         batches = [collate([samples[i] for i in c], 0) for c in chunks]

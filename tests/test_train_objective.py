@@ -124,13 +124,15 @@ def test_samples_without_advantage_skip_their_passes_and_the_update_is_unchanged
         if mode == "all":
             monkeypatch.setattr(train_mod, "gradient_members", lambda samples, members: members)
         cfg = tiny_config(tmp_path / mode, steps=2, **{"optim.lr": 1e-2, "rollout.group_size": 2,
-                                                       "rollout.prompts_per_step": 6})
+                                                       "rollout.prompts_per_step": 6, "loss.micro_batch_size": 1})
         out = train(cfg, progress=False)
         rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         weights[mode] = load_file(out / "checkpoint" / "model.safetensors")
     skipped = [r["samples_without_gradient"] for r in rows["skip"]]
     assert any(skipped) and all(n < r["samples"] for n, r in zip(skipped, rows["skip"]))
     assert [r["samples_without_gradient"] for r in rows["all"]] == [0, 0]
+    # One sample per micro-batch: the update ran exactly the samples that carry gradient.
+    assert all(r["update_micro_batches"] == r["samples"] - r["samples_without_gradient"] for r in rows["skip"])
     for a, b in zip(rows["skip"], rows["all"]):
         assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     for name, w in weights["all"].items():  # the sum over micro-batches only regroups: float noise
