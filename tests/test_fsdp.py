@@ -145,7 +145,7 @@ def test_driver_releases_its_replica_and_engines_sync_from_the_workers(tmp_path,
     assert released == [{"meta"}]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # Step 1 samples from the weights step 0 trained (lr 1e-2 moves them): pi_old (workers) equals mu (engine, synced
-    # from the workers' named_weights) to float noise. A stale engine would read ~1e-3 here.
+    # from the workers' named_weights) to float noise. An engine left on the initial weights read 1.5e-2 here.
     assert [r["step"] for r in rows] == [0, 1]
     assert all(abs(r["kl_k3"]) < 1e-5 for r in rows), [r["kl_k3"] for r in rows]
 
