@@ -754,7 +754,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 continue
 
             # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); bypass
-            #    mode takes pi_old = mu instead.
+            #    mode takes pi_old = mu instead, and with one mini-batch the update's own log-probs stand for it.
             old_logp, entropy, micro_batches = old_policy(run, samples, pad_id)
 
             # 5. Updates, then the engines sample from the new weights.
