@@ -79,9 +79,10 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     engine_batch_size: int = 32
     """Prompts per engine forward pass (HF engine)."""
-    engine: str = "hf"
-    """Inference engine: ``hf`` (transformers, our decode loop) or ``vllm`` (continuous batching, prefix caching;
-    needs the vLLM install of the README)."""
+    engine: str = "auto"
+    """Inference engine: ``hf`` (transformers, our decode loop), ``vllm`` (continuous batching, prefix caching;
+    needs the vLLM install of the README), or ``auto``: vLLM where it is installed and serves the model, else HF
+    (resolved once at set-up, `agentrl.engine.choose_engine`, and saved as such in the run's config.yaml)."""
     engines: int = 1
     """Engine replicas; more than one (or a `ray_address`) runs them as Ray actors, episodes spread by load."""
     engine_dtype: str = ""
@@ -117,7 +118,7 @@ class RolloutConfig:
         _require(self.temperature > 0, "rollout.temperature", self.temperature, "> 0 for training")
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
         _require(self.step_timeout > 0, "rollout.step_timeout", self.step_timeout, "> 0 seconds")
-        _require(self.engine in ("hf", "vllm"), "rollout.engine", self.engine, "hf or vllm")
+        _require(self.engine in ("auto", "hf", "vllm"), "rollout.engine", self.engine, "auto, hf or vllm")
         _require(self.engine_dtype in ("", *DTYPES), "rollout.engine_dtype", self.engine_dtype,
                  f"empty (the training dtype) or one of {', '.join(DTYPES)}")
         _require(self.engine_kv_cache_gib >= 0, "rollout.engine_kv_cache_gib", self.engine_kv_cache_gib,

@@ -34,6 +34,7 @@ import numpy as np
 
 from agentrl.config import ConfigError, ContextConfig, load_config
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.launch import choose_engine
 from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
 from agentrl.records import Trajectory, save_trajectories
 
@@ -251,8 +252,9 @@ class EvalConfig:
         seed_offset: first task seed.
         seed: sampler seed (the same seed gives the same results).
         engine_batch_size: prompts per forward pass (HF engine).
-        engine: ``hf`` (transformers, sampling from the loaded module) or ``vllm`` (continuous batching, prefix
-            caching; the CPU build here). The sampler seed reproduces results within one engine kind, not across.
+        engine: ``hf`` (transformers, sampling from the loaded module), ``vllm`` (continuous batching, prefix
+            caching; the CPU build here) or ``auto`` (vLLM where it serves the model, else HF; the results record the
+            kind used). The sampler seed reproduces results within one engine kind, not across.
         engine_dtype: the engine's precision; empty: the model's.
         runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
         ray_address: join this Ray cluster instead of starting a local one.
@@ -278,7 +280,7 @@ class EvalConfig:
     seed_offset: int = EVAL_SEED_OFFSET
     seed: int = 0
     engine_batch_size: int = 32
-    engine: str = "hf"
+    engine: str = "auto"
     engine_dtype: str = ""
     runners: int = 0
     ray_address: str | None = None
@@ -300,8 +302,8 @@ class EvalConfig:
             raise EvalError(f"--episodes must be >= 1, got {self.episodes}")
         if not self.ks or min(self.ks) < 1:
             raise EvalError(f"--k must list positive integers, got {list(self.ks)}")
-        if self.engine not in ("hf", "vllm"):
-            raise EvalError(f"--engine must be hf or vllm, got {self.engine!r}")
+        if self.engine not in ("auto", "hf", "vllm"):
+            raise EvalError(f"--engine must be auto, hf or vllm, got {self.engine!r}")
         if self.engine_dtype not in ("", "float32", "bfloat16", "float16"):
             raise EvalError(f"--engine-dtype must be float32, bfloat16 or float16, got {self.engine_dtype!r}")
         if self.n < max(self.ks):
@@ -519,6 +521,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     _print_settings(console, resolved, trained)
 
+    kind, why = choose_engine(cfg.engine, policy.model, cfg.model)
+    if kind != cfg.engine:
+        console.print(f"engine: {kind} ({why})")
+        cfg = replace(cfg, engine=kind)
     torch.manual_seed(cfg.seed)
     engine = _build_engine(cfg, policy)
     seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]

@@ -49,7 +49,7 @@ import agentrl
 from agentrl.cluster import ClusterError, start_ray
 from agentrl.config import ConfigError, LossConfig, RunConfig, config_to_dict
 from agentrl.core import TextEnv
-from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines
+from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines, choose_engine
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import (
     CollapseGuard,
@@ -413,6 +413,11 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show) -> Run:
         if context != cfg.context:
             show({"context": f"observations as {context.observation_role} messages ({why})"})
             cfg = dataclasses.replace(cfg, context=context)
+        # `auto` becomes the engine this machine serves the model with, once, saved in config.yaml like the context.
+        kind, why = choose_engine(cfg.rollout.engine, policy.model, cfg.model)
+        if kind != cfg.rollout.engine:
+            show({"engine": f"{kind} ({why})"})
+            cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine=kind))
         # Memory: decide gradient checkpointing and refuse a step that cannot fit, before any worker or rollout.
         # The engines' KV memory first (it stays resident beside an in-process trainer), then the step's plan.
         kv_gib, kv_note = rollout_kv_cache_gib(

@@ -199,16 +199,35 @@ def test_too_little_memory_is_refused_before_starting(folder):
         check_servable(folder, kv_cache_gib=100_000)
 
 
+def test_auto_engine_is_vllm_where_it_serves_the_model_and_hf_otherwise(tiny_qwen3, policy, monkeypatch):
+    from agentrl.engine import choose_engine
+    from agentrl.engine import vllm as vllm_module
+
+    assert choose_engine("auto", policy.model, "tiny-qwen3-h64")[0] == "vllm"
+    kind, why = choose_engine("auto", tiny_qwen3.model, "tiny-qwen3")
+    assert kind == "hf" and "head_dim 16" in why
+    assert choose_engine("vllm", tiny_qwen3.model, "tiny-qwen3") == ("vllm", "")  # asked by name: refused later
+    assert choose_engine("hf", policy.model, "tiny-qwen3-h64") == ("hf", "")
+    monkeypatch.setattr(vllm_module, "vllm_available", lambda: "ImportError: torchvision built for CUDA")
+    kind, why = choose_engine("auto", policy.model, "tiny-qwen3-h64")
+    assert kind == "hf" and "torchvision" in why
+
+
 def test_agentrl_run_with_the_vllm_engine_end_to_end(tmp_path):
+    """The default engine (auto) is vLLM here; the run says so and records it in config.yaml."""
     import subprocess
     import sys
 
+    import yaml
+
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model", "tiny-qwen3-h64", "--engine", "vllm",
+        [sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model", "tiny-qwen3-h64",
          "--steps", "2", "--group-size", "2", "--prompts-per-step", "2", "--max-new-tokens", "12", "--output",
          str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vllm (vLLM imports here and serves tiny-qwen3-h64)" in proc.stdout + proc.stderr
+    assert yaml.safe_load((out / "config.yaml").read_text())["rollout"]["engine"] == "vllm"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[1]["weight_sync_seconds"] > 0 and all(r["kl_k3"] < 1e-6 for r in rows)  # fp32 engine = trainer
@@ -287,7 +306,7 @@ def test_agentrl_eval_with_the_vllm_engine(tmp_path):
 
     out = tmp_path / "eval"
     proc = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "eval", "--env", "math", "--model", "tiny-qwen3-h64", "--engine", "vllm",
+        [sys.executable, "-m", "agentrl.cli", "eval", "--env", "math", "--model", "tiny-qwen3-h64",  # auto: vLLM
          "--episodes", "3", "--max-new-tokens", "8", "--max-turns", "2", "--output", str(out)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,8 +16,9 @@ from agentrl.engine.base import (
 )
 from agentrl.engine.factory import EngineSpec
 from agentrl.engine.hf import HFEngine
-from agentrl.engine.launch import build_engines
+from agentrl.engine.launch import build_engines, choose_engine
 from agentrl.engine.requests import BatchedRequests, as_request_engine
 
-__all__ = ["BatchedRequests", "EngineError", "EngineRequest", "EngineResult", "EngineSpec", "Generation", "HFEngine",
-           "InferenceEngine", "RequestEngine", "SamplingParams", "as_request_engine", "build_engines"]
+__all__ = ["BatchedRequests", "EngineError", "EngineRequest", "EngineResult", "EngineSpec",
+           "Generation", "HFEngine", "InferenceEngine", "RequestEngine", "SamplingParams", "as_request_engine",
+           "build_engines", "choose_engine"]

@@ -13,7 +13,32 @@ from agentrl.engine.base import EngineError, RequestEngine
 from agentrl.engine.factory import EngineSpec, model_files, write_model_files
 from agentrl.engine.requests import BatchedRequests
 
-__all__ = ["build_engines"]
+__all__ = ["build_engines", "choose_engine"]
+
+
+def choose_engine(requested: str, model: Any, model_name: str) -> tuple[str, str]:
+    """The engine kind to build for `model` (a transformers module), and why when it was not asked for by name.
+
+    ``auto`` means vLLM where it imports and can serve the model (its architecture is in vLLM's registry; on the CPU
+    build, its head size is one the CPU attention serves), else the HF engine. vLLM's continuous batching and prefix
+    cache make multi-turn rollouts several times faster on the same hardware (`bench/engine_throughput.py`); the HF
+    engine runs every model transformers loads. ``hf`` and ``vllm`` are taken as asked (a vLLM that cannot serve the
+    model is refused later with the reason).
+    """
+    if requested != "auto":
+        return requested, ""
+    from agentrl.engine.vllm import unservable_reason, vllm_available
+
+    problem = vllm_available()
+    if problem is not None:
+        return "hf", f"vLLM is not usable here ({problem})"
+    # A module built in memory (the tiny test models) has no `architectures` until saved: its class is that name.
+    config = {"architectures": [type(model).__name__]} | model.config.to_dict()
+    config["architectures"] = config["architectures"] or [type(model).__name__]
+    problem = unservable_reason(config, model_name)
+    if problem is not None:
+        return "hf", problem
+    return "vllm", f"vLLM imports here and serves {model_name}"
 
 
 def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_address: str | None = None,

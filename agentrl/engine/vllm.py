@@ -101,6 +101,25 @@ def _model_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def unservable_reason(config: dict[str, Any], name: str) -> str | None:
+    """Why this vLLM build cannot serve a model of this ``config.json`` (architecture, CPU head size), or None."""
+    from vllm import ModelRegistry
+    from vllm.platforms import current_platform
+
+    archs = config.get("architectures") or []
+    if not any(a in set(ModelRegistry.get_supported_archs()) for a in archs):
+        return f"vLLM {_version()} cannot serve {name} (architecture {archs or 'unknown'} is not in its model registry)"
+    if current_platform.is_cpu():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head_dim = config.get("head_dim") or config["hidden_size"] // (config.get("num_attention_heads") or 1)
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim not in sizes:
+            return (f"the vLLM CPU build does not serve head_dim {head_dim} ({name}); it serves "
+                    f"{', '.join(map(str, sizes))}")
+    return None
+
+
 def check_servable(model_dir: str | Path, *, kv_cache_gib: float, weight_bytes: int | None = None) -> None:
     """Refuse, with one message naming the cause and the fix, a model this vLLM build cannot serve here.
 
@@ -112,24 +131,13 @@ def check_servable(model_dir: str | Path, *, kv_cache_gib: float, weight_bytes: 
     """
     model_dir = Path(model_dir)
     config = _model_config(model_dir)
-    from vllm import ModelRegistry
+    problem = unservable_reason(config, model_dir.name)
+    if problem is not None:
+        raise EngineError(f"{problem}. Use --engine hf" + (", or a model with a supported head size (tiny-qwen3-h64 "
+                                                           "for tests)" if "head_dim" in problem else ""))
     from vllm.platforms import current_platform
 
-    archs = config.get("architectures") or []
-    supported = set(ModelRegistry.get_supported_archs())
-    if not any(a in supported for a in archs):
-        raise EngineError(f"vLLM {_version()} cannot serve {model_dir.name} (architecture {archs or 'unknown'} is not "
-                          f"in its model registry): use --engine hf")
     if current_platform.is_cpu():
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        heads = config.get("num_attention_heads") or 1
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        if head_dim not in sizes:
-            raise EngineError(f"the vLLM CPU build does not serve head_dim {head_dim} ({model_dir.name}); it serves "
-                              f"{', '.join(map(str, sizes))}. Use --engine hf, or a model with a supported head size "
-                              f"(tiny-qwen3-h64 for tests)")
         import psutil
 
         if weight_bytes is None:

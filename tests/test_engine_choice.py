@@ -1,0 +1,32 @@
+"""`--engine auto` (the default): which engine a run or an eval builds, decided once. The vLLM side, with the real
+CPU build, is in test_vllm.py; these run with or without vLLM installed."""
+
+import pytest
+
+from agentrl.config import ConfigError, RolloutConfig
+from agentrl.engine import choose_engine
+from agentrl.engine import vllm as vllm_module
+from agentrl.evaluate import EvalConfig, EvalError
+
+
+def test_auto_falls_back_to_hf_with_the_reason_when_vllm_cannot_import(tiny_qwen3, monkeypatch):
+    monkeypatch.setattr(vllm_module, "vllm_available", lambda: "ModuleNotFoundError: No module named 'vllm'")
+    kind, why = choose_engine("auto", tiny_qwen3.model, "tiny-qwen3")
+    assert kind == "hf" and "No module named 'vllm'" in why
+
+
+def test_named_engines_are_taken_as_asked(tiny_qwen3, monkeypatch):
+    def must_not_probe():
+        raise AssertionError("a named engine must not probe vLLM")
+
+    monkeypatch.setattr(vllm_module, "vllm_available", must_not_probe)
+    assert choose_engine("hf", tiny_qwen3.model, "tiny-qwen3") == ("hf", "")
+    assert choose_engine("vllm", tiny_qwen3.model, "tiny-qwen3") == ("vllm", "")
+
+
+def test_auto_is_the_default_and_a_misspelt_engine_is_refused_with_the_choices(tmp_path):
+    assert RolloutConfig().engine == "auto" and EvalConfig(env_id="math", model="m").engine == "auto"
+    with pytest.raises(ConfigError, match="rollout.engine must be auto, hf or vllm, got 'vlm'"):
+        RolloutConfig(engine="vlm")
+    with pytest.raises(EvalError, match="--engine must be auto, hf or vllm, got 'vlm'"):
+        EvalConfig(env_id="math", model="m", engine="vlm").validate()
