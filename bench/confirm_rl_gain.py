@@ -13,7 +13,7 @@ difference, significant when it excludes zero. No second look is taken inside th
 
 Both evals use the run's own env arguments, turn and token budgets (``<run>/sft.yaml``, ``<run>/rl.yaml``), the
 model's official sampling settings and sampler seed 0, as `learn_multiturn.py` does. The mean-reward difference
-(the graded score, for envs such as WebShop) is reported beside it with its own paired bootstrap interval.
+(the graded score, for envs such as WebShop) is reported beside it: a t interval on the per-task differences.
 """
 
 from __future__ import annotations
@@ -24,32 +24,21 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_multiturn import ROOT, run_phase  # noqa: E402  (a sibling script, not a package)
-
-
-def paired_reward_difference(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0) -> dict:
-    """Mean(a) - mean(b) over the same tasks, with a paired bootstrap 95% interval."""
-    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(a_), size=(resamples, len(a_)))  # [B, n]
-    diffs = (a_[idx] - b_[idx]).mean(axis=1)
-    low, high = np.quantile(diffs, [0.025, 0.975])
-    return {"estimate": float(a_.mean() - b_.mean()), "low": float(low), "high": float(high), "n": len(a_),
-            "significant": bool(low > 0 or high < 0)}
+from learn_multiturn import ROOT, eval_command, run_phase  # noqa: E402  (a sibling script, not a package)
 
 
 def main() -> None:
     from agentrl.evaluate import load_results
-    from agentrl.passk import bootstrap_pass_at_k_difference, task_counts
+    from agentrl.passk import bootstrap_pass_at_k_difference, mean_interval, task_counts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", required=True, help="a learn_multiturn env folder (sft/, rl/, sft.yaml, rl.yaml)")
     parser.add_argument("--episodes", type=int, required=True, help="held-out tasks, fixed before the run")
     parser.add_argument("--seed-offset", type=int, required=True, help="first task seed: seeds no eval used")
-    parser.add_argument("--engine", default="hf")
+    parser.add_argument("--engine", default="", help="hf or vllm (default: auto)")
     parser.add_argument("--engine-dtype", default="")
     parser.add_argument("--eval-seconds", type=float, default=3600)
     parser.add_argument("--results", required=True)
@@ -59,14 +48,8 @@ def main() -> None:
     sft_cfg = yaml.safe_load((run / "sft.yaml").read_text())
     rl_cfg = yaml.safe_load((run / "rl.yaml").read_text())
     env_id = sft_cfg["env"]["id"]
-    rollout = rl_cfg.get("rollout", {})
-    kwargs = [a for k, v in sft_cfg["env"].get("kwargs", {}).items() if k != "split"
-              for a in ("--env-arg", f"{k}={json.dumps(v)}")]
-    common = ["eval", "--env", env_id, "--episodes", str(args.episodes), "--seed", "0",
-              "--seed-offset", str(args.seed_offset), "--max-turns", str(rollout.get("max_turns", 50)),
-              "--max-new-tokens", str(rollout.get("max_new_tokens", 64)), "--engine", args.engine, *kwargs]
-    if args.engine_dtype:
-        common += ["--engine-dtype", args.engine_dtype]
+    common = [*eval_command(sft_cfg, rl_cfg, args.episodes, args.engine, args.engine_dtype),
+              "--seed-offset", str(args.seed_offset)]
 
     report: dict = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "env": env_id, "phases": {}}
     evals = {}
@@ -86,7 +69,9 @@ def main() -> None:
     report["success"] = {label: evals[label]["overall"]["success_rate"] for label in ("sft", "rl")}
     report["reward_mean"] = {label: evals[label]["overall"]["reward_mean"] for label in ("sft", "rl")}
     report["rl_minus_sft_success"] = success.to_dict() | {"significant": success.excludes_zero}
-    report["rl_minus_sft_reward"] = paired_reward_difference([r["reward"] for r in rl], [r["reward"] for r in sft])
+    # Paired: the per-task differences, with a t interval on their mean.
+    reward = mean_interval([a["reward"] - b["reward"] for a, b in zip(rl, sft)])
+    report["rl_minus_sft_reward"] = reward.to_dict() | {"significant": reward.excludes_zero}
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(json.dumps(report, indent=1))
     for label in ("sft", "rl"):

@@ -94,6 +94,22 @@ def _trainer_tokens(trajectories_path: Path, per_turn: bool) -> dict:
             "generated_tokens_per_episode": sum(t.num_generated_tokens for t in trajs) / len(trajs)}
 
 
+def eval_command(sft_cfg: dict, rl_cfg: dict, episodes: int, engine: str, engine_dtype: str) -> list[str]:
+    """`agentrl eval` arguments for a recipe's held-out tasks: its env arguments, turn and token budgets, sampler
+    seed 0 (``--model``, ``--output`` and ``--seed-offset`` are the caller's)."""
+    rollout = rl_cfg.get("rollout", {})
+    kwargs = [a for k, v in sft_cfg.get("env", {}).get("kwargs", {}).items() if k != "split"
+              for a in ("--env-arg", f"{k}={json.dumps(v)}")]
+    command = ["eval", "--env", sft_cfg["env"]["id"], "--episodes", str(episodes), "--seed", "0",
+               "--max-turns", str(rollout.get("max_turns", 50)),
+               "--max-new-tokens", str(rollout.get("max_new_tokens", 64)), *kwargs]
+    if engine:
+        command += ["--engine", engine]
+    if engine_dtype:
+        command += ["--engine-dtype", engine_dtype]
+    return command
+
+
 def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     """SFT, RL and the three evaluations of one env; returns everything measured."""
     from agentrl.evaluate import load_results, task_counts
@@ -137,16 +153,9 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
         phases["rl"] = run_phase("rl", ["run", "--config", str(run / "rl.yaml"), "--overwrite"], args.rl_seconds,
                                  run / "rl.log")
 
-    rollout = rl_cfg.get("rollout", {})
-    kwargs = [a for k, v in sft_cfg.get("env", {}).get("kwargs", {}).items() if k != "split"
-              for a in ("--env-arg", f"{k}={json.dumps(v)}")]
-    common = ["eval", "--env", env_id, "--episodes", str(args.eval_episodes), "--seed", "0",
-              "--max-turns", str(rollout.get("max_turns", 50)),
-              "--max-new-tokens", str(rollout.get("max_new_tokens", 64)), *kwargs]
+    common = eval_command(sft_cfg, rl_cfg, args.eval_episodes, args.engine, args.engine_dtype)
     if args.temperature is not None:
         common += ["--temperature", str(args.temperature)]
-    if args.engine:
-        common += ["--engine", args.engine, "--engine-dtype", args.engine_dtype]
     models = {"base": sft_cfg.get("model", "smollm2-135m"), "sft": str(sft_dir / "checkpoint")}
     if (rl_dir / "checkpoint").exists():
         models["sft_rl"] = str(rl_dir / "checkpoint")

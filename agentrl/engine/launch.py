@@ -33,8 +33,8 @@ def choose_engine(requested: str, model: Any, model_name: str) -> tuple[str, str
     if problem is not None:
         return "hf", f"vLLM is not usable here ({problem})"
     # A module built in memory (the tiny test models) has no `architectures` until saved: its class is that name.
-    config = {"architectures": [type(model).__name__]} | model.config.to_dict()
-    config["architectures"] = config["architectures"] or [type(model).__name__]
+    config = model.config.to_dict()
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
     problem = unservable_reason(config, model_name)
     if problem is not None:
         return "hf", problem
