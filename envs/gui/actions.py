@@ -11,7 +11,8 @@ JSON (AndroidWorld's `JSONAction` field names)::
     {"action_type": "status", "goal_status": "complete"}  {"action_type": "answer", "text": "555-010-1234"}
 
 Function style: ``tap(3)``, ``tap(180, 400)``, ``long_press(5)``, ``double_tap(5)``, ``type("hi")``,
-``type("hi", 7)``, ``text("hi")``, ``scroll("down")``, ``swipe("up")``, ``back()``, ``home()``, ``enter()``,
+``type("hi", 7)``, ``type("hi", 7, clear=True)``,
+``text("hi")``, ``scroll("down")``, ``swipe("up")``, ``back()``, ``home()``, ``enter()``,
 ``wait()``, ``open_app("Clock")``, ``answer("...")``, ``finish()``, ``infeasible()``.
 
 The JSON object or the call may follow free text (reasoning, ``Action:``); the last one in the reply counts.
@@ -26,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACTION_TYPES", "Action", "ActionError", "parse_action"]
+__all__ = ["ACTION_TYPES", "Action", "ActionError", "format_call", "parse_action"]
 
 ACTION_TYPES = (
     "click", "double_tap", "long_press", "input_text", "scroll", "swipe", "navigate_back", "navigate_home",
@@ -144,18 +145,25 @@ def _parse_json(text: str) -> Action:
     return _from_fields(fields)
 
 
-def _call_args(raw: str) -> tuple[Any, ...]:
+def _call_args(raw: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional and keyword arguments of a call, each a Python literal (``type("hi", 4, clear=True)``)."""
     if not raw.strip():
-        return ()
+        return (), {}
     try:
-        value = ast.literal_eval(f"({raw},)")
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        call = ast.parse(f"f({raw})", mode="eval").body
+        args = tuple(ast.literal_eval(a) for a in call.args)
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
+    except (ValueError, SyntaxError, MemoryError, RecursionError, AttributeError):
         raise ActionError(f"cannot read the arguments ({raw.strip()[:60]}); use numbers and quoted strings.") from None
-    return tuple(value)
+    if len(kwargs) != len(call.keywords):
+        raise ActionError(f"cannot read the arguments ({raw.strip()[:60]}); use numbers and quoted strings.")
+    return args, kwargs
 
 
-def _parse_call(name: str, args: tuple[Any, ...]) -> Action:
+def _parse_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Action:
     name = name.lower()
+    if kwargs and (name not in ("type", "text", "input_text") or set(kwargs) != {"clear"}):
+        raise ActionError(f"{name}() takes no keyword {', '.join(sorted(kwargs))}; only type() takes clear=True.")
     if name in ("tap", "click", "long_press", "double_tap"):
         kind = "click" if name in ("tap", "click") else name
         if len(args) == 1:
@@ -168,7 +176,8 @@ def _parse_call(name: str, args: tuple[Any, ...]) -> Action:
         numbers = [a for a in args if not isinstance(a, str)]
         if len(texts) != 1 or len(numbers) > 1:
             raise ActionError(f'{name}() takes a quoted text and optionally an element index: {name}("hello", 4).')
-        return _from_fields({"action_type": "input_text", "text": texts[0], "index": numbers[0] if numbers else None})
+        return _from_fields({"action_type": "input_text", "text": texts[0], "index": numbers[0] if numbers else None,
+                             "clear_text": kwargs.get("clear", False)})
     if name in ("scroll", "swipe"):
         if len(args) != 1:
             raise ActionError(f'{name}() takes a direction: {name}("down").')
@@ -198,7 +207,39 @@ def parse_action(text: str) -> Action:
         line = line.strip().removeprefix("Action:").strip().strip("`").strip()
         match = _CALL.search(line)
         if match:
-            return _parse_call(match.group(1), _call_args(match.group(2)))
+            return _parse_call(match.group(1), *_call_args(match.group(2)))
     if "{" in stripped:
         return _parse_json(stripped)
     raise ActionError(f"cannot read an action in {stripped[:80]!r}. " + _HELP)
+
+
+_CALL_NAMES = {"navigate_back": "back", "navigate_home": "home", "keyboard_enter": "enter", "wait": "wait"}
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def format_call(action: Action) -> str:
+    """The function-style text of `action`, the inverse of `parse_action` on it: ``tap(3)``, ``finish()``.
+
+    Strings are double-quoted JSON strings (also Python literals), so quotes and backslashes read back unchanged;
+    ``clear_text`` is the keyword ``clear=True`` of ``type``.
+    """
+    kind = action.action_type
+    if kind in ("click", "long_press", "double_tap"):
+        name = "tap" if kind == "click" else kind
+        target = f"{action.index}" if action.index is not None else f"{action.x}, {action.y}"
+        return f"{name}({target})"
+    if kind == "input_text":
+        index = "" if action.index is None else f", {action.index}"
+        return f"type({_quote(action.text)}{index}{', clear=True' if action.clear_text else ''})"
+    if kind in ("scroll", "swipe"):
+        return f"{kind}({_quote(action.direction)})"
+    if kind == "open_app":
+        return f"open_app({_quote(action.app_name)})"
+    if kind == "answer":
+        return f"answer({_quote(action.text)})"
+    if kind == "status":
+        return "finish()" if action.goal_status == "complete" else "infeasible()"
+    return f"{_CALL_NAMES[kind]}()"

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from agentrl.core import TextEnv
 
-from .actions import Action, ActionError, parse_action
+from .actions import Action, ActionError, format_call, parse_action
 from .phone import Phone
 from .render_browser import BrowserHost, BrowserRenderer  # Playwright itself loads only when a browser starts
 from .render_fast import FastRenderer
@@ -29,6 +29,8 @@ from .ui import HEIGHT, WIDTH, Screen
 __all__ = ["GuiEnv"]
 
 _RENDERERS = ("fast", "browser")
+_OBSERVATIONS = ("full", "compact")
+_ACTION_FORMATS = ("json", "call")
 _SWIPE_TO_SCROLL = {"up": "down", "down": "up", "left": "right", "right": "left"}
 
 SYSTEM_PROMPT = f"""You operate an Android phone to complete a task. Each turn you see the task and the screen as a \
@@ -45,6 +47,14 @@ type("hello") types into the focused field
 - {{"action_type": "answer", "text": "..."}} or answer("...") for a question (this ends the episode)
 - {{"action_type": "status", "goal_status": "complete"}} or finish() when the task is done; \
 {{"action_type": "status", "goal_status": "infeasible"}} if it cannot be done."""
+
+
+# For `observation="compact"`: the same phone in a third of the tokens, actions shown as calls (JSON still parses).
+COMPACT_SYSTEM_PROMPT = f"""You operate an Android phone to complete a task. Each turn you see the task and the \
+screen as a numbered list of UI elements. Reply with exactly one action:
+tap(i) | long_press(i) | type("text", i) | scroll("down") | scroll("up") | back() | home() | enter() | \
+open_app("name") with name one of {", ".join(APPS)} | answer("...") to answer a question | finish() when the task \
+is done"""
 
 
 def _make_renderer(renderer: str | Renderer, shared: Any) -> Renderer:
@@ -67,6 +77,11 @@ class GuiEnv(TextEnv):
         max_steps: step budget; the episode is truncated when it runs out.
         task_types: restrict tasks to these types (see `tasks.TASK_TYPES`); all by default.
         screenshots: put a screenshot in `info["image"]` on every step (turn off to save time when nobody looks).
+        observation: ``"full"`` (AndroidWorld's element fields with pixel boxes; the default) or ``"compact"`` (no
+            boxes or empty layout frames, same indices, a short system prompt): ~40% of the tokens, for
+            small text agents that act by index.
+        action_format: how `expert_action` writes actions: ``"json"`` (AndroidWorld JSON) or ``"call"``
+            (``tap(3)``, 4 tokens instead of ~12). Both parse either way.
         shared: a `BrowserHost` to open pages in (runner pools build one per process through `GuiEnv.shared`);
             by default browser envs share a module-level one.
     """
@@ -87,11 +102,21 @@ class GuiEnv(TextEnv):
         task_types: tuple[str, ...] | list[str] | None = None,
         screenshots: bool = True,
         shared: Any = None,
+        observation: str = "full",
+        action_format: str = "json",
     ):
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
         if isinstance(task_types, str):  # one type given bare (--env-arg task_types=...)
             task_types = [task_types]
+        if observation not in _OBSERVATIONS:
+            raise ValueError(f"observation must be one of {', '.join(_OBSERVATIONS)}, got {observation!r}")
+        if action_format not in _ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {', '.join(_ACTION_FORMATS)}, got {action_format!r}")
+        self.observation = observation
+        self.action_format = action_format
+        if observation == "compact":
+            self.system_prompt = COMPACT_SYSTEM_PROMPT
         self.task_types = tuple(task_types) if task_types else TASK_TYPES
         unknown = [t for t in self.task_types if t not in TASK_TYPES]
         if unknown:
@@ -156,7 +181,8 @@ class GuiEnv(TextEnv):
         """The gold next action (AndroidWorld JSON) from the current state; it also recovers from detours."""
         if self.task is None or self.phone is None:
             raise RuntimeError("call reset() before expert_action()")
-        return self.task.expert(self.phone.state, self.phone.screen())
+        action = self.task.expert(self.phone.state, self.phone.screen())
+        return format_call(parse_action(action)) if self.action_format == "call" else action
 
     def close(self) -> None:
         """Release the renderer (the browser page, if any)."""
@@ -227,7 +253,7 @@ class GuiEnv(TextEnv):
             f"Task: {self.task.instruction()}\n"
             f"Step {self._steps}/{self.max_steps}. {feedback}\n"
             f"Screen: {screen.title}\n"
-            f"UI elements:\n{screen.describe()}"
+            f"UI elements:\n{screen.describe_compact() if self.observation == 'compact' else screen.describe()}"
         )
 
     def _info(self) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class UIElement:
         return x0 <= x < x1 and y0 <= y < y1
 
     def describe(self, index: int) -> str:
-        """One line of the numbered element list the text agent reads."""
+        """One line of the numbered element list the text agent reads (AndroidWorld's fields, pixel box included)."""
         short_class = self.class_name.rsplit(".", 1)[-1]
         parts = [f"{index}: {short_class}"]
         if self.text:
@@ -102,6 +102,32 @@ class UIElement:
             parts.append(f'desc="{self.content_description}"')
         if self.hint_text and not self.text:
             parts.append(f'hint="{self.hint_text}"')
+        flags = self._flags()
+        if flags:
+            parts.append("[" + ", ".join(flags) + "]")
+        parts.append("bbox=({}, {}, {}, {})".format(*self.bbox))
+        return " ".join(parts)
+
+    def describe_compact(self, index: int) -> str | None:
+        """The element in a few tokens (no pixel box, one label), or None when it has nothing to read or act on.
+
+        A layout frame with no text and no flags tells a text agent nothing; dropping it keeps the other elements'
+        indices, so ``tap(i)`` means the same element in both descriptions.
+        """
+        label = self.text or self.content_description or self.hint_text
+        flags = self._flags()
+        if not label and not flags:
+            return None
+        parts = [f"{index}: {self.class_name.rsplit('.', 1)[-1]}"]
+        if label:
+            parts.append(f'"{label}"')
+        if self.hint_text and not self.text and label != self.hint_text:
+            parts.append(f'hint "{self.hint_text}"')
+        if flags:
+            parts.append("[" + ", ".join(flags) + "]")
+        return " ".join(parts)
+
+    def _flags(self) -> list[str]:
         flags = [
             name
             for name, on in (
@@ -115,10 +141,7 @@ class UIElement:
         ]
         if self.is_checkable:
             flags.append("checked" if self.is_checked else "unchecked")
-        if flags:
-            parts.append("[" + ", ".join(flags) + "]")
-        parts.append("bbox=({}, {}, {}, {})".format(*self.bbox))
-        return " ".join(parts)
+        return flags
 
     def as_dict(self, index: int) -> dict[str, object]:
         """AndroidWorld-style field names, for agents that want the structured tree."""
@@ -190,3 +213,8 @@ class Screen:
     def describe(self) -> str:
         """The numbered element list, AndroidWorld style, one element per line."""
         return "\n".join(element.describe(i) for i, element in enumerate(self.elements))
+
+    def describe_compact(self) -> str:
+        """The numbered list without pixel boxes or empty layout frames (indices unchanged)."""
+        lines = (element.describe_compact(i) for i, element in enumerate(self.elements))
+        return "\n".join(line for line in lines if line is not None)
