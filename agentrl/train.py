@@ -756,6 +756,12 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
             samples, rewards, ref_logp, objective_metrics = make_samples(run, trajectories, pad_id)
             if not samples:  # the overlong filter or dynamic sampling left every episode out: nothing to learn
                 bar.write(f"step {step}: every episode was left out of the loss ({objective_metrics}); no update")
+                # The rollout still happened and belongs in the curves: without its row, the steps where every
+                # group failed alike vanish from metrics.jsonl and the success curve reads too high.
+                append_metrics(metrics_file, {
+                    "step": step, **rollout_metrics(trajectories, rewards), **objective_metrics, "samples": 0,
+                    "update_skipped": 1.0, "rollout_seconds": t_rollout, "step_seconds": time.perf_counter() - t_start,
+                } | rollout.stats.metrics() | staleness_metrics(step, trajectories))
                 continue
 
             # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); bypass
@@ -776,7 +782,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                 **losses, **objective_metrics,
                 "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
                 "samples": len(samples), "samples_without_gradient": skipped, "micro_batches": len(micro_batches),
-                "update_micro_batches": len(results),
+                "update_micro_batches": len(results), "update_skipped": 0.0,
                 "padding_waste": padding_waste([len(s.input_ids) for s in samples], micro_batches),
                 **run.routing.metrics(),
                 "rollout_seconds": t_rollout, "step_seconds": step_seconds,

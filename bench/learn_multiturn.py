@@ -187,11 +187,13 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     report["sft"] = json.loads((sft_dir / "summary.json").read_text()) if (sft_dir / "summary.json").exists() else {}
     report["sft"]["loss_first_last"] = [sft_rows[0]["loss"], sft_rows[-1]["loss"]] if sft_rows else None
     if rl_rows:
+        updated = [r for r in rl_rows if not r.get("update_skipped")]  # a step with no mixed group trains nothing
         rollout_s = sum(r["rollout_seconds"] for r in rl_rows)
         step_s = sum(r["step_seconds"] for r in rl_rows)
         report["rl"] = {"steps": len(rl_rows), "rollout_share": rollout_s / step_s, "step_seconds_mean": step_s /
                         len(rl_rows), "success_first_last": [rl_rows[0]["success_rate"], rl_rows[-1]["success_rate"]],
-                        "entropy_first_last": [rl_rows[0]["entropy"], rl_rows[-1]["entropy"]],
+                        "entropy_first_last": [updated[0]["entropy"], updated[-1]["entropy"]] if updated else None,
+                        "steps_without_update": len(rl_rows) - len(updated),
                         "truncated_frac_mean": sum(r["truncated_frac"] for r in rl_rows) / len(rl_rows),
                         **_trainer_tokens(rl_dir / "trajectories.jsonl",
                                           per_turn=bool(rl_cfg.get("loss", {}).get("per_turn_samples", False)))}

@@ -5,9 +5,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentrl.envs.gui import GuiEnv
-from agentrl.envs.gui.actions import Action, ActionError, parse_action
+from agentrl.envs.gui.actions import ACTION_TYPES, Action, ActionError, format_call, parse_action
 from agentrl.envs.gui.apps import layout
 from agentrl.envs.gui.render_fast import draw_screen
 from agentrl.envs.gui.state import Route
@@ -119,6 +121,7 @@ def test_junk_actions_never_raise_and_cost_a_step():
         ("I should open it.\ntap(100, 200)", Action("click", x=100, y=200)),
         ('type("see you at 5")', Action("input_text", text="see you at 5")),
         ('type("a, b", 4)', Action("input_text", text="a, b", index=4)),
+        ('type("hi", 4, clear=True)', Action("input_text", text="hi", index=4, clear_text=True)),
         ("long_press(2)", Action("long_press", index=2)),
         ('swipe("up")', Action("swipe", direction="up")),
         ("back()", Action("navigate_back")),
@@ -140,6 +143,8 @@ def test_parse_action(text, expected):
         ('{"action_type": "click", "index": 1', "not closed"),
         ('{"action_type": "scroll", "direction": "in"}', "direction must be one of"),
         ("tap(1, 2, 3)", "takes an element index or x, y"),
+        ("tap(1, clear=True)", "only type\\(\\) takes clear=True"),
+        ('type("hi", 4, clear=print)', "cannot read the arguments"),
         ("hello there", "cannot read an action"),
     ],
 )
@@ -257,3 +262,82 @@ def test_every_screen_draws():
         state = replace(env.phone.state, stack=(Route("home"), route))
         image = np.asarray(draw_screen(layout(state)))
         assert image.shape == (HEIGHT, WIDTH, 3) and image.std() > 5
+
+
+_TEXT = st.text(alphabet=string.ascii_letters + string.digits + " ,.!?'\"\\()-:éñ", max_size=20)
+_ACTIONS = st.one_of(
+    st.builds(Action, st.sampled_from(["click", "long_press", "double_tap"]), index=st.integers(0, 99)),
+    st.builds(lambda k, x, y: Action(k, x=x, y=y), st.sampled_from(["click", "long_press"]),
+              st.integers(0, WIDTH - 1), st.integers(0, HEIGHT - 1)),
+    st.builds(lambda t, i, c: Action("input_text", index=i, text=t, clear_text=c), _TEXT,
+              st.none() | st.integers(0, 99), st.booleans()),
+    st.builds(Action, st.sampled_from(["scroll", "swipe"]), direction=st.sampled_from(["up", "down", "left", "right"])),
+    st.builds(Action, st.sampled_from(["navigate_back", "navigate_home", "keyboard_enter", "wait"])),
+    st.builds(lambda t: Action("answer", text=t), _TEXT),
+    st.builds(lambda a: Action("open_app", app_name=a), st.sampled_from(["Clock", "Settings", "Shop"])),
+    st.builds(lambda g: Action("status", goal_status=g), st.sampled_from(["complete", "infeasible"])),
+)  # fmt: skip
+
+
+@given(_ACTIONS)
+def test_format_call_is_the_inverse_of_parse_action(action):
+    text = format_call(action)
+    assert parse_action(text) == action, text
+
+
+def test_format_call_covers_every_action_type():
+    covered = {parse_action(format_call(Action(k, index=0, direction="up", goal_status="complete", app_name="Clock",
+                                               text="x"))).action_type for k in ACTION_TYPES}
+    assert covered == set(ACTION_TYPES)
+
+
+@pytest.mark.parametrize("task_type", TASK_TYPES)
+def test_expert_in_call_format_solves_every_task_type_with_compact_observations(task_type):
+    env = GuiEnv(task_types=[task_type], screenshots=False, observation="compact", action_format="call")
+    json_env = GuiEnv(task_types=[task_type], screenshots=False)
+    for seed in range(6):
+        env.reset(seed=seed)
+        json_env.reset(seed=seed)
+        for _ in range(30):
+            action = env.expert_action()
+            assert not action.startswith("{") and parse_action(action) == parse_action(json_env.expert_action())
+            obs, reward, terminated, truncated, info = env.step(action)
+            json_env.step(action)
+            if terminated or truncated:
+                break
+        assert terminated and info["success"] and reward == 1.0, (task_type, seed, env.task)
+
+
+def test_compact_observation_keeps_indices_and_drops_boxes_and_empty_frames():
+    full, compact = GuiEnv(screenshots=False), GuiEnv(screenshots=False, observation="compact")
+    chars = {"full": 0, "compact": 0}
+    for seed in range(10):
+        obs_full, _ = full.reset(seed=seed)
+        obs_compact, _ = compact.reset(seed=seed)
+        for _ in range(3):  # a few screens into the task
+            elements = compact.phone.screen().elements
+            lines = obs_compact.split("UI elements:\n", 1)[1].splitlines()
+            assert "bbox" not in obs_compact and len(obs_compact) < len(obs_full)
+            chars["full"] += len(obs_full)
+            chars["compact"] += len(obs_compact)
+            shown = {int(line.split(":", 1)[0]): line for line in lines}
+            for i, element in enumerate(elements):
+                label = element.text or element.content_description or element.hint_text
+                if i in shown:  # the same index names the same element in both descriptions
+                    assert f"{i}: {element.class_name.rsplit('.', 1)[-1]}" in obs_full
+                    assert not label or f'"{label}"' in shown[i]
+                else:  # only elements with nothing to read or do are left out
+                    assert not label and not element.interactive and not element.is_scrollable
+            action = full.expert_action()
+            obs_full, *_ = full.step(action)
+            obs_compact, *_ = compact.step(action)
+    assert chars["compact"] < 0.6 * chars["full"]
+    assert "bbox" not in compact.system_prompt and "tap(i)" in compact.system_prompt
+    assert full.system_prompt != compact.system_prompt and "bbox" in full.system_prompt
+
+
+def test_unknown_observation_and_action_format_are_clear_errors():
+    with pytest.raises(ValueError, match="observation must be one of full, compact"):
+        GuiEnv(observation="pixels")
+    with pytest.raises(ValueError, match="action_format must be one of json, call"):
+        GuiEnv(action_format="yaml")

@@ -58,6 +58,32 @@ def test_training_moves_weights_and_logs_metrics(tmp_path):
     assert any(not torch.equal(init[k], trained[k]) for k in trained if k in init)
 
 
+class ConstantEnv(ParityEnv):
+    """Every episode scores 0: every group is uniform, so dynamic sampling leaves every episode out."""
+
+    def step(self, action):
+        return "done", 0.0, True, False, {"success": False}
+
+
+agentrl.register("constant-test", entry_point=ConstantEnv)
+
+
+def test_a_step_without_update_still_logs_its_rollout(tmp_path):
+    # Found in the phone GUI RL run: steps where every group failed alike wrote no metrics row, so the success curve
+    # (and learn_multiturn's figures) left out exactly the worst steps.
+    cfg = tiny_config(tmp_path, **{"env.id": "constant-test", "loss.dynamic_sampling": True, "steps": 3})
+    out = train(cfg, progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert r["update_skipped"] == 1.0 and r["samples"] == 0 and r["uninformative_frac"] == 1.0
+        assert r["success_rate"] == 0.0 and r["turns_mean"] == 1.0 and r["rollout_seconds"] > 0
+        assert "entropy" not in r and "grad_norm" not in r  # nothing trained: a gap in the curves, not a zero
+    trained = [json.loads(line) for line in (train(tiny_config(tmp_path / "b"), progress=False) / "metrics.jsonl")
+               .read_text().splitlines()]  # fmt: skip
+    assert all(r["update_skipped"] == 0.0 for r in trained)
+
+
 def test_non_finite_loss_stops_and_saves_the_batch(tmp_path, monkeypatch):
     import agentrl.train as train_module
 
