@@ -197,12 +197,23 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
                         "truncated_frac_mean": sum(r["truncated_frac"] for r in rl_rows) / len(rl_rows),
                         **_trainer_tokens(rl_dir / "trajectories.jsonl",
                                           per_turn=bool(rl_cfg.get("loss", {}).get("per_turn_samples", False)))}
-    plot_env(env_id, sft_rows, rl_rows, report.get("eval", {}), run / "curves.png")
+    plot_env(env_id, sft_rows, _success_by_step(rl_dir / "trajectories.jsonl") or rl_rows, report.get("eval", {}),
+             run / "curves.png")
     return report
 
 
+def _success_by_step(trajectories_path: Path) -> list[dict]:
+    """Train success and reward per RL step from every saved rollout (runs before the no-update-step fix left the
+    steps where every group failed alike out of metrics.jsonl)."""
+    by_step: dict[int, list[dict]] = {}
+    for row in _rows(trajectories_path):
+        by_step.setdefault(row["train_step"], []).append(row)
+    return [{"step": k, "success_rate": sum(bool(r["success"]) for r in v) / len(v),
+             "reward_mean": sum(r["total_return"] for r in v) / len(v)} for k, v in sorted(by_step.items())]
+
+
 def plot_env(env_id: str, sft_rows: list[dict], rl_rows: list[dict], evals: dict, png: Path) -> None:
-    """SFT loss, RL success / reward per step, held-out success with intervals."""
+    """SFT loss, RL success / reward per step with a 5-step moving average, held-out success with intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,7 +227,13 @@ def plot_env(env_id: str, sft_rows: list[dict], rl_rows: list[dict], evals: dict
     if rl_rows:
         steps = [r["step"] for r in rl_rows]
         axes[1].plot(steps, [r["success_rate"] for r in rl_rows], marker="o", ms=3, label="success")
-        axes[1].plot(steps, [r["reward_mean"] for r in rl_rows], marker="s", ms=3, label="reward")
+        axes[1].plot(steps, [r["reward_mean"] for r in rl_rows], marker="s", ms=3, alpha=0.5, label="reward")
+        window = 5  # a step's few tasks make single steps noisy
+        if len(rl_rows) >= window:
+            success = [r["success_rate"] for r in rl_rows]
+            axes[1].plot(steps[window - 1:], [sum(success[i - window + 1:i + 1]) / window
+                                              for i in range(window - 1, len(success))],
+                         color="k", lw=2, label=f"success, {window}-step mean")
         axes[1].legend()
     axes[1].set_title("RL rollouts (train tasks)")
     axes[1].set_xlabel("RL step")
