@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.config import ConfigError, ContextConfig, load_config
+from agentrl.config import ConfigError, ContextConfig, RunConfig, load_config
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.launch import choose_engine
 from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
@@ -42,6 +42,7 @@ __all__ = [
     "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
     "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling",
     "training_context",
+    "training_env_kwargs",
 ]
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -192,16 +193,34 @@ def training_sampling(model: str) -> dict[str, Any] | None:
     return None
 
 
-def training_context(model: str) -> ContextConfig | None:
-    """The context a checkpoint was trained with: ``RUN/config.yaml``'s when `model` is ``RUN/checkpoint``."""
+def _training_run(model: str) -> RunConfig | None:
+    """``RUN/config.yaml`` when `model` is ``RUN/checkpoint`` (an `agentrl run` or `agentrl sft` folder)."""
     path = Path(model).expanduser()
     saved = path.parent / "config.yaml"
     if not (path.is_dir() and (path / "trainer_state.json").exists() and saved.exists()):
         return None
     try:
-        return load_config(saved).context
+        return load_config(saved)
     except ConfigError as e:
-        raise EvalError(f"cannot read the training run's context settings: {e}") from None
+        raise EvalError(f"cannot read the training run's settings: {e}") from None
+
+
+def training_context(model: str) -> ContextConfig | None:
+    """The context a checkpoint was trained with: ``RUN/config.yaml``'s when `model` is ``RUN/checkpoint``."""
+    run = _training_run(model)
+    return None if run is None else run.context
+
+
+def training_env_kwargs(model: str, env_id: str) -> dict[str, Any]:
+    """The env arguments a checkpoint was trained with, when it trained on `env_id` (``split`` left out).
+
+    A policy trained on one observation format (the phone's compact screens, say) and evaluated on another is
+    measured off its distribution; evaluating with the run's own arguments is what a user means by default.
+    """
+    run = _training_run(model)
+    if run is None or run.env.id != env_id:
+        return {}
+    return {k: v for k, v in run.env.kwargs.items() if k != "split"}
 
 
 def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mapping[str, Any],
@@ -492,7 +511,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     console = console or Console()
     cfg.validate()
     spec = agentrl.spec(cfg.env_id)
-    env_kwargs, split = resolve_split(cfg.env_id, spec.load(), cfg.env_kwargs, cfg.split)
+    trained_kwargs = training_env_kwargs(cfg.model, cfg.env_id)
+    if trained_kwargs:  # --env-arg wins key by key
+        console.print(f"env arguments from the training run (config.yaml): {trained_kwargs}"
+                      + (f"; --env-arg sets {sorted(cfg.env_kwargs)}" if cfg.env_kwargs else ""))
+    env_kwargs, split = resolve_split(cfg.env_id, spec.load(), trained_kwargs | dict(cfg.env_kwargs), cfg.split)
     try:
         agentrl.make(cfg.env_id, **env_kwargs).close()
     except (TypeError, ValueError, OSError) as e:

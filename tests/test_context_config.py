@@ -7,7 +7,7 @@ import pytest
 import agentrl
 from agentrl.config import ConfigError, ContextConfig, RunConfig, apply_overrides, load_config
 from agentrl.context import ChatContext
-from agentrl.evaluate import EvalConfig, evaluate, training_context
+from agentrl.evaluate import EvalConfig, evaluate, training_context, training_env_kwargs
 from agentrl.models import load_model
 from agentrl.records import load_trajectories
 from agentrl.train import train
@@ -55,6 +55,18 @@ def test_eval_of_a_run_builds_the_runs_prompts_byte_for_byte(tmp_path):
     default = ContextConfig(observation_role="user")  # the defaults, with math's resolved observation role
     assert any(_replay(policy.tokenizer, policy.family, default, t) != [u.prompt_ids for u in t.turns]
                for t in evaluated)  # the settings matter: the default context builds other prompts
+
+    # The run's env arguments too: with no --env-arg the checkpoint is evaluated on the env it trained on ...
+    assert training_env_kwargs(str(run / "checkpoint"), "math") == ENV
+    assert training_env_kwargs(str(run / "checkpoint"), "gui") == {}  # another env: nothing carries over
+    again = evaluate(EvalConfig(env_id="math", model=str(run / "checkpoint"), episodes=1, max_turns=3,
+                                max_new_tokens=6, output=str(tmp_path / "eval2"), transcripts=0), progress=False)
+    assert again["env"]["kwargs"] == ENV | {"split": "test"}  # the held-out split, as eval always chooses
+    # ... and --env-arg still wins, key by key.
+    override = evaluate(EvalConfig(env_id="math", model=str(run / "checkpoint"), episodes=1,
+                                   env_kwargs={"max_turns": 2}, max_turns=3, max_new_tokens=6,
+                                   output=str(tmp_path / "eval3"), transcripts=0), progress=False)
+    assert override["env"]["kwargs"] == ENV | {"max_turns": 2, "split": "test"}
 
 
 def test_legacy_rollout_keys_still_load(tmp_path):
