@@ -159,6 +159,7 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     models = {"base": sft_cfg.get("model", "smollm2-135m"), "sft": str(sft_dir / "checkpoint")}
     if (rl_dir / "checkpoint").exists():
         models["sft_rl"] = str(rl_dir / "checkpoint")
+    models = {label: model for label, model in models.items() if label in args.evaluate}
     evals = {}
     for label, model in models.items():
         if args.reuse and (run / f"eval_{label}" / "results.json").exists():
@@ -317,6 +318,9 @@ def main() -> None:
     parser.add_argument("--rl-seconds", type=float, default=1200, help="bound on each RL run")
     parser.add_argument("--eval-seconds", type=float, default=900, help="bound on each evaluation")
     parser.add_argument("--eval-episodes", type=int, default=48)
+    parser.add_argument("--evaluate", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+                        default=["base", "sft", "sft_rl"],
+                        help="which models to evaluate, of base,sft,sft_rl (a replication may skip a known base)")
     parser.add_argument("--demos", type=int, default=0, help="override the recipes' demonstration count")
     parser.add_argument("--rl-steps", type=int, default=0, help="override the recipes' RL steps")
     parser.add_argument("--model", default="", help="override the recipes' base model (tiny-qwen3: a smoke test)")
