@@ -49,7 +49,7 @@ type("hello") types into the focused field
 {{"action_type": "status", "goal_status": "infeasible"}} if it cannot be done."""
 
 
-# For `observation="compact"`: the same phone in a third of the tokens, actions shown as calls (JSON still parses).
+# For `observation="compact"`: the same phone in ~40% of the tokens, actions shown as calls (JSON still parses).
 COMPACT_SYSTEM_PROMPT = f"""You operate an Android phone to complete a task. Each turn you see the task and the \
 screen as a numbered list of UI elements. Reply with exactly one action:
 tap(i) | long_press(i) | type("text", i) | scroll("down") | scroll("up") | back() | home() | enter() | \
@@ -178,7 +178,8 @@ class GuiEnv(TextEnv):
         return self._observe(feedback), reward, terminated, truncated, info
 
     def expert_action(self) -> str:
-        """The gold next action (AndroidWorld JSON) from the current state; it also recovers from detours."""
+        """The gold next action (JSON, or a call with ``action_format="call"``) from the current state; it also
+        recovers from detours."""
         if self.task is None or self.phone is None:
             raise RuntimeError("call reset() before expert_action()")
         action = self.task.expert(self.phone.state, self.phone.screen())
