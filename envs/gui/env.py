@@ -178,8 +178,7 @@ class GuiEnv(TextEnv):
         return self._observe(feedback), reward, terminated, truncated, info
 
     def expert_action(self) -> str:
-        """The gold next action (JSON, or a call with ``action_format="call"``) from the current state; it also
-        recovers from detours."""
+        """The gold next action from the current state, in `action_format`; it also recovers from detours."""
         if self.task is None or self.phone is None:
             raise RuntimeError("call reset() before expert_action()")
         action = self.task.expert(self.phone.state, self.phone.screen())
