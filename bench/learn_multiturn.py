@@ -242,7 +242,8 @@ def plot_env(env_id: str, sft_rows: list[dict], rl_rows: list[dict], evals: dict
     est = [evals[k]["success_rate"]["estimate"] for k in labels]
     err = [[e - evals[k]["success_rate"]["low"] for k, e in zip(labels, est)],
            [evals[k]["success_rate"]["high"] - e for k, e in zip(labels, est)]]
-    axes[2].bar(labels, est, yerr=err, capsize=6, color=[{"base": "#999", "sft": "#48c", "sft_rl": "#c84"}[k] for k in labels])
+    colours = {"base": "#999", "sft": "#48c", "sft_rl": "#c84"}
+    axes[2].bar(labels, est, yerr=err, capsize=6, color=[colours[k] for k in labels])
     axes[2].set_ylim(0, 1)
     axes[2].set_title("held-out success (95% Wilson)")
     for ax in axes:
