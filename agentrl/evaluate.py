@@ -217,7 +217,10 @@ def training_env_kwargs(model: str, env_id: str) -> dict[str, Any]:
     A policy trained on one observation format (the phone's compact screens, say) and evaluated on another is
     measured off its distribution; evaluating with the run's own arguments is what a user means by default.
     """
-    run = _training_run(model)
+    return _env_kwargs_of(_training_run(model), env_id)
+
+
+def _env_kwargs_of(run: RunConfig | None, env_id: str) -> dict[str, Any]:
     if run is None or run.env.id != env_id:
         return {}
     return {k: v for k, v in run.env.kwargs.items() if k != "split"}
@@ -511,7 +514,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     console = console or Console()
     cfg.validate()
     spec = agentrl.spec(cfg.env_id)
-    trained_kwargs = training_env_kwargs(cfg.model, cfg.env_id)
+    trained_run = _training_run(cfg.model)  # RUN/config.yaml: the env arguments and context it trained with
+    trained_kwargs = _env_kwargs_of(trained_run, cfg.env_id)
     if trained_kwargs:  # --env-arg wins key by key
         console.print(f"env arguments from the training run (config.yaml): {trained_kwargs}"
                       + (f"; --env-arg sets {sorted(cfg.env_kwargs)}" if cfg.env_kwargs else ""))
@@ -531,7 +535,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     policy = load_model(cfg.model)
     policy.model.eval()
     trained = training_sampling(cfg.model)
-    run_context = training_context(cfg.model)
+    run_context = None if trained_run is None else trained_run.context
     context = cfg.context or run_context or ContextConfig()
     # Named before resolving ("auto" settings), which builds a new object.
     context_source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"

@@ -198,19 +198,8 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
                         "truncated_frac_mean": sum(r["truncated_frac"] for r in rl_rows) / len(rl_rows),
                         **_trainer_tokens(rl_dir / "trajectories.jsonl",
                                           per_turn=bool(rl_cfg.get("loss", {}).get("per_turn_samples", False)))}
-    plot_env(env_id, sft_rows, _success_by_step(rl_dir / "trajectories.jsonl") or rl_rows, report.get("eval", {}),
-             run / "curves.png")
+    plot_env(env_id, sft_rows, rl_rows, report.get("eval", {}), run / "curves.png")
     return report
-
-
-def _success_by_step(trajectories_path: Path) -> list[dict]:
-    """Train success and reward per RL step from every saved rollout (runs before the no-update-step fix left the
-    steps where every group failed alike out of metrics.jsonl)."""
-    by_step: dict[int, list[dict]] = {}
-    for row in _rows(trajectories_path):
-        by_step.setdefault(row["train_step"], []).append(row)
-    return [{"step": k, "success_rate": sum(bool(r["success"]) for r in v) / len(v),
-             "reward_mean": sum(r["total_return"] for r in v) / len(v)} for k, v in sorted(by_step.items())]
 
 
 def plot_env(env_id: str, sft_rows: list[dict], rl_rows: list[dict], evals: dict, png: Path) -> None:
@@ -312,6 +301,17 @@ def trainer_tokens_vs_turns() -> list[dict]:
     return rows
 
 
+EVAL_MODELS = ("base", "sft", "sft_rl")
+
+
+def _models_to_evaluate(value: str) -> list[str]:
+    labels = [x.strip() for x in value.split(",") if x.strip()]
+    unknown = [x for x in labels if x not in EVAL_MODELS]
+    if unknown or not labels:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a comma-separated subset of {','.join(EVAL_MODELS)}")
+    return labels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", default="alfworld,webshop,gui")
@@ -319,8 +319,7 @@ def main() -> None:
     parser.add_argument("--rl-seconds", type=float, default=1200, help="bound on each RL run")
     parser.add_argument("--eval-seconds", type=float, default=900, help="bound on each evaluation")
     parser.add_argument("--eval-episodes", type=int, default=48)
-    parser.add_argument("--evaluate", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
-                        default=["base", "sft", "sft_rl"],
+    parser.add_argument("--evaluate", type=_models_to_evaluate, default=list(EVAL_MODELS),
                         help="which models to evaluate, of base,sft,sft_rl (a replication may skip a known base)")
     parser.add_argument("--demos", type=int, default=0, help="override the recipes' demonstration count")
     parser.add_argument("--rl-steps", type=int, default=0, help="override the recipes' RL steps")

@@ -58,20 +58,25 @@ def test_training_moves_weights_and_logs_metrics(tmp_path):
     assert any(not torch.equal(init[k], trained[k]) for k in trained if k in init)
 
 
-class ConstantEnv(ParityEnv):
-    """Every episode scores 0: every group is uniform, so dynamic sampling leaves every episode out."""
+class ExpertOnlyEnv(ParityEnv):
+    """Only the expert's exact reply scores (it keeps the env contract, checked over every registered env); a tiny
+    random model never writes it, so every group is uniform and dynamic sampling leaves every episode out."""
 
     def step(self, action):
-        return "done", 0.0, True, False, {"success": False}
+        ok = action == self.expert_action()
+        return "done", float(ok), True, False, {"success": ok}
+
+    def expert_action(self):
+        return "the expert's exact reply"
 
 
-agentrl.register("constant-test", entry_point=ConstantEnv)
+agentrl.register("expert-only-test", entry_point=ExpertOnlyEnv)
 
 
 def test_a_step_without_update_still_logs_its_rollout(tmp_path):
     # Found in the phone GUI RL run: steps where every group failed alike wrote no metrics row, so the success curve
     # (and learn_multiturn's figures) left out exactly the worst steps.
-    cfg = tiny_config(tmp_path, **{"env.id": "constant-test", "loss.dynamic_sampling": True, "steps": 3})
+    cfg = tiny_config(tmp_path, **{"env.id": "expert-only-test", "loss.dynamic_sampling": True, "steps": 3})
     out = train(cfg, progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]

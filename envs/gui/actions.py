@@ -150,14 +150,12 @@ def _call_args(raw: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if not raw.strip():
         return (), {}
     try:
-        call = ast.parse(f"f({raw})", mode="eval").body
-        args = tuple(ast.literal_eval(a) for a in call.args)
-        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
+        call = ast.parse(f"f({raw})", mode="eval").body  # not a Call (``f(1), g(2)``): AttributeError below
+        if any(k.arg is None for k in call.keywords):  # ``**kwargs`` is not a literal
+            raise ValueError
+        return tuple(ast.literal_eval(a) for a in call.args), {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     except (ValueError, SyntaxError, MemoryError, RecursionError, AttributeError):
         raise ActionError(f"cannot read the arguments ({raw.strip()[:60]}); use numbers and quoted strings.") from None
-    if len(kwargs) != len(call.keywords):
-        raise ActionError(f"cannot read the arguments ({raw.strip()[:60]}); use numbers and quoted strings.")
-    return args, kwargs
 
 
 def _parse_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Action:

@@ -115,6 +115,7 @@ class GuiEnv(TextEnv):
             raise ValueError(f"action_format must be one of {', '.join(_ACTION_FORMATS)}, got {action_format!r}")
         self.observation = observation
         self.action_format = action_format
+        self._describe = Screen.describe_compact if observation == "compact" else Screen.describe
         if observation == "compact":
             self.system_prompt = COMPACT_SYSTEM_PROMPT
         self.task_types = tuple(task_types) if task_types else TASK_TYPES
@@ -253,7 +254,7 @@ class GuiEnv(TextEnv):
             f"Task: {self.task.instruction()}\n"
             f"Step {self._steps}/{self.max_steps}. {feedback}\n"
             f"Screen: {screen.title}\n"
-            f"UI elements:\n{screen.describe_compact() if self.observation == 'compact' else screen.describe()}"
+            f"UI elements:\n{self._describe(screen)}"
         )
 
     def _info(self) -> dict[str, Any]:
