@@ -1,0 +1,107 @@
+"""The main job across run seeds: what does the README's first command typically reach on held-out tasks?
+
+    python bench/main_job_seeds.py                      # seeds 0-4, 20 steps each, HF engine (the default install)
+    python bench/main_job_seeds.py --seeds 0 1 --steps 3
+
+For each seed it runs the shipped command, `agentrl run --env math --seed S` (configs/math-smollm2.yaml's settings:
+SmolLM2-135M-Instruct, MiniRL, 20 steps of 4 tasks x 8 episodes), in a subprocess exactly as a user types it, then
+evaluates the checkpoint on the same 64 held-out test tasks (task seeds from 1,000,000, sampler seed 0) under two
+protocols, so both published figures can be read off one table:
+
+- `agentrl_eval`: `agentrl eval --env math --model RUN/checkpoint --episodes 64`, the model's official sampling
+  settings and eval defaults (what a user runs after training);
+- `train_sampling`: the training sampler (temperature 1.0, top-p 1.0, 64 new tokens), which is
+  how bench/learn_math.py produced the README's 0.86.
+
+Writes docs/results/main_job_seeds.json: per seed the per-step train success, reward and entropy, and both held-out
+successes with Wilson intervals; across seeds the mean, min, max and standard deviation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sh(cmd: list[str], log: Path) -> float:
+    """Run `cmd` with its output appended to `log`; fail loudly with the log's tail; return its wall seconds."""
+    t0 = time.perf_counter()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy()).returncode
+    if rc != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        sys.exit(f"command failed (rc {rc}): {' '.join(cmd)}\n{tail}")
+    return time.perf_counter() - t0
+
+
+def _success(folder: Path) -> dict:
+    overall = json.loads((folder / "results.json").read_text())["overall"]["success_rate"]
+    return {k: overall[k] for k in ("estimate", "low", "high")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--engine", default="hf", help="hf: what the default install (no vLLM) runs")
+    parser.add_argument("--runs", default="runs/main_job_seeds")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "main_job_seeds.json"))
+    args = parser.parse_args()
+
+    runs = ROOT / args.runs
+    runs.mkdir(parents=True, exist_ok=True)
+    log = runs / "log.txt"
+    agentrl = [sys.executable, "-m", "agentrl.cli"]
+    per_seed = []
+    for seed in args.seeds:
+        run = runs / f"seed{seed}"
+        walls = {}
+        if not (run / "checkpoint").is_dir():
+            walls["train_s"] = _sh(agentrl + ["run", "--env", "math", "--seed", str(seed), "--steps", str(args.steps),
+                                              "--engine", args.engine, "--output", str(run), "--overwrite"], log)
+        walls["eval_s"] = _sh(agentrl + ["eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes",
+                                         str(args.episodes), "--engine", args.engine,
+                                         "--output", str(run / "eval_agentrl")], log)
+        walls["eval_train_sampling_s"] = _sh(
+            agentrl + ["eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes", str(args.episodes),
+                       "--engine", args.engine, "--temperature", "1.0", "--top-p", "1.0", "--top-k", "0",
+                       "--max-new-tokens", "64", "--output", str(run / "eval_train_sampling")],
+            log)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        per_seed.append({
+            "seed": seed, **walls,
+            "train_success": [r["success_rate"] for r in rows],
+            "train_reward": [r["reward_mean"] for r in rows],
+            "entropy": [r.get("entropy") for r in rows],
+            "heldout_agentrl_eval": _success(run / "eval_agentrl"),
+            "heldout_train_sampling": _success(run / "eval_train_sampling"),
+        })
+        print(f"seed {seed}: agentrl eval {per_seed[-1]['heldout_agentrl_eval']['estimate']:.3f}, "
+              f"train sampling {per_seed[-1]['heldout_train_sampling']['estimate']:.3f}, {walls}", flush=True)
+
+    summary = {}
+    for key in ("heldout_agentrl_eval", "heldout_train_sampling"):
+        values = [s[key]["estimate"] for s in per_seed]
+        summary[key] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+                        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "values": values}
+    result = {"command": "python bench/main_job_seeds.py " + " ".join(sys.argv[1:]), "steps": args.steps,
+              "episodes": args.episodes, "engine": args.engine, "seeds": per_seed, "summary": summary}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
