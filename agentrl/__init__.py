@@ -1,12 +1,12 @@
 """agentrl: train LLM agents with reinforcement learning on multi-turn text environments.
 
 The public surface is small: the env contract (`TextEnv`) and the registry (`register`, `make`, `registered`).
-Everything else lives in submodules named after what they do: `agentrl.engine` (inference), `agentrl.rollout`
-(the agent loop), `agentrl.records` (Turn / Trajectory / Sample), `agentrl.objective` (losses), `agentrl.train`
+Everything else lives in submodules named after what they do: `agentrl.engine` (inference), `agentrl.rollout.loop`
+(the agent loop), `agentrl.records` (Turn / Trajectory / Sample), `agentrl.objective` (losses), `agentrl.recipes.train`
 (the training loop).
 """
 
-from agentrl.core import SharedResource, TextEnv, TextSpace
+from agentrl.env import SharedResource, TextEnv, TextSpace
 from agentrl.registry import EnvSpec, UnknownEnvError, make, register, registered, spec
 
 __version__ = "0.1.0"

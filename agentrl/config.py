@@ -90,7 +90,7 @@ class RolloutConfig:
     engine_kv_cache_gib: float = 0.0
     """Memory for each engine's KV cache (vLLM; host memory on the CPU build) or prefix store (HF), in GiB; 0 sizes
     it to keep every episode in flight cached at its longest context, within half the free memory (see
-    `agentrl.train.rollout_kv_cache_gib`)."""
+    `agentrl.recipes.train.rollout_kv_cache_gib`)."""
     runners: int = 0
     """Concurrent env runners; 0 runs envs in the driver process."""
     runner_actors: int = 0
@@ -140,12 +140,12 @@ class ContextConfig:
     observation_role: str = "auto"
     """Role of observations after the first: ``user``, ``tool`` (Qwen3 then keeps reasoning across turns, so the
     token prefix holds and turns merge into one sample), or ``auto``: the env's hint (`rollout_defaults`) where the
-    model's template needs it to keep the prefix, else ``user`` (see `agentrl.rollout_layout`). A run saves the
+    model's template needs it to keep the prefix, else ``user`` (see `agentrl.chat.layout`). A run saves the
     role it resolved to in config.yaml."""
     recap_actions: int = 0
     """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
     chat_family: str = ""
-    """Chat-template family to render with (`agentrl.templates.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...); empty
+    """Chat-template family to render with (`agentrl.chat.families.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...); empty
     detects it from the tokenizer, falling back to the tokenizer's own template."""
     max_new_tokens_by_turn: tuple[int, ...] = ()
     """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
@@ -158,7 +158,7 @@ class ContextConfig:
     only the new messages (one sample per episode; prompts then depart from the official rendering of history)."""
 
     def __post_init__(self) -> None:
-        from agentrl.context import OBSERVATION_ROLES
+        from agentrl.chat.context import OBSERVATION_ROLES
 
         _require(self.observation_role in (*OBSERVATION_ROLES, "auto"), "context.observation_role",
                  self.observation_role, f"one of {', '.join(OBSERVATION_ROLES)}, or auto (the env's hint)")
@@ -168,14 +168,14 @@ class ContextConfig:
         _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
                  "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         if self.chat_family:
-            from agentrl.templates import ALIASES, FAMILIES
+            from agentrl.chat.families import ALIASES, FAMILIES
 
             _require(self.chat_family in {**FAMILIES, **ALIASES}, "context.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
 
     def resolved(self, env_cls: type, tokenizer, family_hint: str | None) -> tuple[ContextConfig, str]:
         """This context with ``observation_role: auto`` replaced by the concrete role, and one line saying why."""
-        from agentrl.rollout_layout import resolve_observation_role
+        from agentrl.chat.layout import resolve_observation_role
 
         role, why = resolve_observation_role(self.observation_role, env_cls, tokenizer, self.chat_kwargs(),
                                              family=self.chat_family or None, family_hint=family_hint)
@@ -186,7 +186,7 @@ class ContextConfig:
         return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
 
     def rollout_kwargs(self, family_hint: str | None) -> dict[str, Any]:
-        """The keyword arguments `agentrl.rollout.run_rollout` / `collect_trajectories` take for this context.
+        """The keyword arguments `agentrl.rollout.loop.run_rollout` / `collect_trajectories` take for this context.
 
         Args:
             family_hint: the loaded model's family (`LoadedModel.family`), tried first when detecting the template.

@@ -36,7 +36,7 @@ class Turn:
         env_seconds: wall time of `env.step`.
         routed_experts: MoE experts the engine chose, ``[len(prompt_ids) + len(generated_ids) - 1, L, K]``, or None.
         roundtrip_drift: ``""`` when re-tokenizing the decoded reply in its context gives back `generated_ids`, else
-            the kind of drift (``merge``, ``end_whitespace``, ``split_utf8``; see `agentrl.roundtrip`).
+            the kind of drift (``merge``, ``end_whitespace``, ``split_utf8``; see `agentrl.chat.roundtrip`).
     """
 
     prompt_ids: tuple[int, ...]

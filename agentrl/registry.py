@@ -22,7 +22,7 @@ from importlib import metadata
 from types import MappingProxyType
 from typing import Any
 
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 

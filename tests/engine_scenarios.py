@@ -13,8 +13,8 @@ def rollout_killing_replica_0(pool, tokenizer):
 
     import agentrl
     from agentrl.engine import SamplingParams
-    from agentrl.pool import LocalPool
-    from agentrl.rollout import run_rollout
+    from agentrl.rollout.loop import run_rollout
+    from agentrl.rollout.pool import LocalPool
 
     killed = []
 

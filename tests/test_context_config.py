@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 import agentrl
+from agentrl.chat.context import ChatContext
 from agentrl.config import ConfigError, ContextConfig, RunConfig, apply_overrides, load_config
-from agentrl.context import ChatContext
-from agentrl.evaluate import EvalConfig, evaluate, training_context, training_env_kwargs
 from agentrl.models import load_model
+from agentrl.recipes.evaluate import EvalConfig, evaluate, training_context, training_env_kwargs
+from agentrl.recipes.train import train
 from agentrl.records import load_trajectories
-from agentrl.train import train
 
 # Every context setting away from its default: tool observations, a recap, an explicit family, per-turn budgets
 # (the second turn gets fewer tokens) and thinking off.

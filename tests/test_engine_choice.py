@@ -6,7 +6,7 @@ import pytest
 from agentrl.config import ConfigError, RolloutConfig
 from agentrl.engine import choose_engine
 from agentrl.engine import vllm as vllm_module
-from agentrl.evaluate import EvalConfig, EvalError
+from agentrl.recipes.evaluate import EvalConfig, EvalError
 
 
 def test_auto_falls_back_to_hf_with_the_reason_when_vllm_cannot_import(tiny_qwen3, monkeypatch):

@@ -169,8 +169,8 @@ def test_prefill_groups_bound_padding():
 
 def test_rollout_with_reuse_plays_the_same_episodes_and_frees_the_cache(tiny_qwen3):
     from agentrl.engine.requests import BatchedRequests
-    from agentrl.pool import EnvMaker, LocalPool
-    from agentrl.rollout import run_rollout
+    from agentrl.rollout.loop import run_rollout
+    from agentrl.rollout.pool import EnvMaker, LocalPool
 
     runs = []
     for budget in (0, 2**26):
@@ -203,7 +203,7 @@ def test_kv_cache_is_sized_for_every_episode_in_flight():
     from agentrl.config import RolloutConfig, RunConfig
     from agentrl.engine.kv_cache import kv_bytes_per_token, size_kv_cache
     from agentrl.models import LoadedModel
-    from agentrl.train import rollout_kv_cache_gib
+    from agentrl.recipes.train import rollout_kv_cache_gib
 
     # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 4 bytes = 46,080 bytes a token in fp32.
     smol = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)

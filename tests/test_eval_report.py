@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from agentrl.evaluate import summarize
-from agentrl.report import PLOT_TITLES, compare_results, render_report, write_report
+from agentrl.recipes.evaluate import summarize
+from agentrl.recipes.report import PLOT_TITLES, compare_results, render_report, write_report
 
 
 def make_results(successes_per_task, n=4, temperature=0.6, types=("level1", "level2")):

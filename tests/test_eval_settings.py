@@ -9,7 +9,7 @@ import torch
 
 from agentrl.engine import HFEngine, SamplingParams
 from agentrl.engine.hf import process_logits
-from agentrl.evaluate import EvalError, official_sampling, resolve_split, training_sampling
+from agentrl.recipes.evaluate import EvalError, official_sampling, resolve_split, training_sampling
 
 # A generation_config.json as a model publishes it (transformers keys, ids and version included).
 GENERATION_CONFIG = {

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from agentrl.evaluate import summarize
 from agentrl.passk import (
     Interval,
     bootstrap_pass_at_k,
@@ -19,6 +18,7 @@ from agentrl.passk import (
     welch_difference,
     wilson_interval,
 )
+from agentrl.recipes.evaluate import summarize
 
 
 @pytest.mark.parametrize("n, c, k, expected", [

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.context import ChatContext, detect_family
-from agentrl.parsers import ToolCall
+from agentrl.chat.context import ChatContext, detect_family
+from agentrl.chat.families import FAMILIES, fixed_clock, get_family
+from agentrl.chat.parsers import ToolCall
+from agentrl.chat.roundtrip import check_roundtrip
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.records import Trajectory, Turn
-from agentrl.roundtrip import check_roundtrip
-from agentrl.samples import trajectory_to_samples
-from agentrl.templates import FAMILIES, fixed_clock, get_family
 
 _ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL = next((p / "shared" / "data" / "chat_templates" for p in (_ROOT.parent, _ROOT.parent.parent)

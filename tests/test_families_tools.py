@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from agentrl.context import ChatContext
-from agentrl.parsers import ToolCall
-from agentrl.templates import FAMILIES, get_family
+from agentrl.chat.context import ChatContext
+from agentrl.chat.families import FAMILIES, get_family
+from agentrl.chat.parsers import ToolCall
 
 SEARCH = {"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
@@ -24,7 +24,7 @@ class ToolEnv:
     received: list[str] = []
 
     def __new__(cls):
-        from agentrl.core import TextEnv
+        from agentrl.env import TextEnv
 
         class _Env(TextEnv):
             def reset(self, *, seed=None, options=None):
@@ -60,7 +60,7 @@ class CallingEngine:
 
 def test_rollout_sends_function_calls_and_tool_observations(qwen3_tokenizer):
     from agentrl.engine.base import SamplingParams
-    from agentrl.rollout import collect_trajectories
+    from agentrl.rollout.loop import collect_trajectories
 
     ToolEnv.received = []
     (traj,) = collect_trajectories(ToolEnv, "tools", [0], 1, CallingEngine(qwen3_tokenizer), qwen3_tokenizer,
@@ -100,7 +100,7 @@ def test_cli_check_template_reports_parity_rewrites_and_the_rule():
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_check_template_per_family_finds_no_rule_misses(qwen3_tokenizer, family):
-    from agentrl.roundtrip import check_family
+    from agentrl.chat.roundtrip import check_family
 
     report = check_family(qwen3_tokenizer, family, chat_kwargs={"enable_thinking": True, "thinking": True})
     assert report.family == family and report.incremental_ok and report.rule_misses == 0

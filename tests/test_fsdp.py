@@ -105,7 +105,7 @@ def _tiny_fsdp_config(tmp_path, name: str, **overrides):
 
 @pytest.mark.slow
 def test_killed_trainer_worker_ends_the_run_with_a_resumable_checkpoint(tmp_path, monkeypatch):
-    from agentrl.train import Run, TrainingError, train
+    from agentrl.recipes.train import Run, TrainingError, train
     from agentrl.training.checkpoint import read_trainer_state
 
     real_save = Run.save
@@ -131,7 +131,7 @@ def test_killed_trainer_worker_ends_the_run_with_a_resumable_checkpoint(tmp_path
 
 def test_driver_releases_its_replica_and_engines_sync_from_the_workers(tmp_path, monkeypatch):
     """With trainer workers the driver keeps no weights after set-up; the engine still samples the trained ones."""
-    import agentrl.train as train_mod
+    import agentrl.recipes.train as train_mod
 
     released = []
     real_release = train_mod.release_weights
@@ -162,7 +162,7 @@ def _resume_matches_a_straight_run(tmp_path, workers: int) -> None:
 
     from safetensors.torch import load_file
 
-    from agentrl.train import train
+    from agentrl.recipes.train import train
 
     overrides = {"trainer.workers": workers, "loss.n_minibatches": 2}  # two mini-batches: the data order matters
     straight = train(_tiny_fsdp_config(tmp_path, "straight", steps=2, **overrides), progress=False)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from agentrl.inspect_run import InspectError, inspect_run, ks_statistic, read_episode_stats, summarize_steps
+from agentrl.recipes.inspect_run import InspectError, inspect_run, ks_statistic, read_episode_stats, summarize_steps
 from agentrl.records import Trajectory, Turn, save_trajectories
 
 

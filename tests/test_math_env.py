@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.core import TextSpace
+from agentrl.env import TextSpace
 from agentrl.envs.math import ANSWER_INSTRUCTION, MathEnv, MathProblemSet
 from agentrl.registry import make
 

@@ -347,7 +347,7 @@ def test_metrics_are_floats_with_required_names():
 @pytest.mark.parametrize("correction", ["tis", "icepop", "mis", "none"])
 def test_zero_advantage_gives_exactly_zero_gradient_whatever_the_ratios(name, correction):
     """Every loss is the advantage times a function of the log-probs: the trainer leaves samples whose loss tokens
-    all have advantage 0 out of the passes (`agentrl.train.gradient_members`) on the strength of this."""
+    all have advantage 0 out of the passes (`agentrl.recipes.train.gradient_members`) on the strength of this."""
     logp, old, rollout, _, mask = _random_batch(seed=3)
     adv = torch.where(mask, 0.0, 5.0)  # [N, T]: zero on every loss token, anything on padding
     for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):

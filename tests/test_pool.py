@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from agentrl.core import SharedResource, TextEnv
 from agentrl.engine.base import Generation, SamplingParams
-from agentrl.pool import EnvFailure, EnvMaker, LocalPool, RayPool, make_pool
-from agentrl.rollout import collect_trajectories, run_rollout
+from agentrl.env import SharedResource, TextEnv
+from agentrl.rollout.loop import collect_trajectories, run_rollout
+from agentrl.rollout.pool import EnvFailure, EnvMaker, LocalPool, RayPool, make_pool
 
 ray = pytest.importorskip("ray")
 

@@ -7,11 +7,11 @@ import time
 import pytest
 from test_pool import PromptHashEngine, WalkEnv
 
-from agentrl.buffer import FreshnessBuffer
 from agentrl.engine.base import SamplingParams
-from agentrl.pool import EnvMaker
 from agentrl.records import Trajectory
-from agentrl.scheduler import RolloutScheduler, staleness_metrics
+from agentrl.rollout.buffer import FreshnessBuffer
+from agentrl.rollout.pool import EnvMaker
+from agentrl.rollout.scheduler import RolloutScheduler, staleness_metrics
 
 
 def _traj(group_id: int, version: int) -> Trajectory:

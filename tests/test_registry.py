@@ -1,7 +1,7 @@
 import pytest
 
 import agentrl
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 
 
 class Counter(TextEnv):

@@ -3,8 +3,8 @@
 import pytest
 
 import agentrl
+from agentrl.chat.layout import keeps_prefix, resolve_observation_role
 from agentrl.config import ConfigError, ContextConfig
-from agentrl.rollout_layout import keeps_prefix, resolve_observation_role
 
 
 def test_qwen3_keeps_the_prefix_with_tool_observations_only(qwen3_tokenizer):
@@ -34,7 +34,7 @@ def test_auto_is_the_config_default_and_a_bad_role_names_the_choices():
 
 def _play(tokenizer, history, role, thinking, turns=4):
     """Play `turns` turns of a Qwen3 conversation with fixed replies; return the context and each step's path."""
-    from agentrl.context import ChatContext
+    from agentrl.chat.context import ChatContext
 
     ctx = ChatContext(tokenizer, "S", {"enable_thinking": thinking}, family="qwen3", observation_role=role,
                       history=history)

@@ -7,7 +7,7 @@ import sys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.roundtrip import BUILTIN_CONVERSATIONS, check_conversations, check_roundtrip, load_conversations
+from agentrl.chat.roundtrip import BUILTIN_CONVERSATIONS, check_conversations, check_roundtrip, load_conversations
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -88,7 +88,7 @@ class EchoEnv:
     system_prompt = "Act."
 
     def __new__(cls):
-        from agentrl.core import TextEnv
+        from agentrl.env import TextEnv
 
         class _Env(TextEnv):
             def reset(self, *, seed=None, options=None):
@@ -125,7 +125,7 @@ class ScriptedEngine:
 
 def test_rollout_records_drift_and_uses_context_options(qwen3_tokenizer):
     from agentrl.engine.base import SamplingParams
-    from agentrl.rollout import collect_trajectories
+    from agentrl.rollout.loop import collect_trajectories
 
     engine = ScriptedEngine(qwen3_tokenizer)
     (traj,) = collect_trajectories(EchoEnv, "echo", [0], 1, engine, qwen3_tokenizer, SamplingParams(), max_turns=3,

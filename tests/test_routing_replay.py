@@ -10,7 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
-from agentrl.routing_replay import (  # noqa: E402
+from agentrl.training.routing_replay import (  # noqa: E402
     RoutingReplay,
     pack_routes,
     replay_gate_weights,

@@ -2,9 +2,9 @@
 
 import pytest
 
-from agentrl.context import ChatContext, strip_thinking
+from agentrl.chat.context import ChatContext, strip_thinking
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.records import Trajectory, Turn, load_trajectories, save_trajectories
-from agentrl.samples import trajectory_to_samples
 
 
 def turn(prompt, gen, obs="o", reward=0.0, new_segment=False):

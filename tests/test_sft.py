@@ -11,11 +11,10 @@ import torch
 from conftest import ROOT
 
 import agentrl
+from agentrl.chat.context import ChatContext
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.config import EnvConfig
-from agentrl.context import ChatContext
-from agentrl.records import save_trajectories
-from agentrl.samples import trajectory_to_samples
-from agentrl.sft import (
+from agentrl.recipes.sft import (
     SFTConfig,
     SFTError,
     conversation_trajectory,
@@ -25,6 +24,7 @@ from agentrl.sft import (
     run_sft,
     sft_loss,
 )
+from agentrl.records import save_trajectories
 
 ACTIONS = ("open door", "take key", "go north")
 

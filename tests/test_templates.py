@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.context import ChatContext, detect_family, recap_text
+from agentrl.chat.context import ChatContext, detect_family, recap_text
+from agentrl.chat.families import FAMILIES, UnknownFamilyError, get_family
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.records import Trajectory, Turn
-from agentrl.samples import trajectory_to_samples
-from agentrl.templates import FAMILIES, UnknownFamilyError, get_family
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -9,7 +9,7 @@ import torch
 
 import agentrl
 from agentrl.config import ConfigError, RunConfig, apply_overrides, load_config
-from agentrl.train import TrainingError, train
+from agentrl.recipes.train import TrainingError, train
 
 
 class ParityEnv(agentrl.TextEnv):
@@ -90,7 +90,7 @@ def test_a_step_without_update_still_logs_its_rollout(tmp_path):
 
 
 def test_non_finite_loss_stops_and_saves_the_batch(tmp_path, monkeypatch):
-    import agentrl.train as train_module
+    import agentrl.recipes.train as train_module
 
     real = train_module.policy_loss
 
@@ -116,7 +116,7 @@ def test_collapse_guard_stops_with_a_reason(tmp_path):
 def test_config_files_and_errors(tmp_path):
     from conftest import ROOT
 
-    from agentrl.sft import load_sft_config
+    from agentrl.recipes.sft import load_sft_config
 
     for path in (ROOT / "configs").glob("*.yaml"):  # every shipped config is valid (SFT recipes have their own)
         (load_sft_config if path.stem.endswith("-sft") else load_config)(path)

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import agentrl.train as train_mod
+import agentrl.recipes.train as train_mod
 from agentrl.config import ConfigError, RunConfig, apply_overrides
 from agentrl.models import load_model
 from agentrl.objective import CollapseGuard
+from agentrl.recipes.train import as_trained, build_loss_options, train
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
-from agentrl.train import as_trained, build_loss_options, train
 from agentrl.training.microbatch import collate
 
 
@@ -140,7 +140,7 @@ def test_samples_without_advantage_skip_their_passes_and_the_update_is_unchanged
 
 
 def test_a_batch_without_any_advantage_keeps_one_sample_for_the_optimizer_step():
-    from agentrl.train import carries_gradient, gradient_members
+    from agentrl.recipes.train import carries_gradient, gradient_members
 
     def sample(n: int, advantage: float, token_advantages=None) -> Sample:
         return Sample((1,) * n, (0,) + (1,) * (n - 1), (0.0,) * n, advantage, 0, token_advantages=token_advantages)
@@ -154,8 +154,8 @@ def test_a_batch_without_any_advantage_keeps_one_sample_for_the_optimizer_step()
 
 def test_the_recompute_pass_runs_where_the_update_pass_is_not_pi_old(tmp_path):
     from agentrl.config import LossConfig
-    from agentrl.train import bypass_old_policy, choose_old_policy, score_old_policy, update_is_old_policy
-    from agentrl.training.replay import DenseRouting, LiveRouting, R2Routing, R3Routing
+    from agentrl.recipes.train import bypass_old_policy, choose_old_policy, score_old_policy, update_is_old_policy
+    from agentrl.training.routing_replay import DenseRouting, LiveRouting, R2Routing, R3Routing
 
     assert choose_old_policy(LossConfig(), DenseRouting()) is update_is_old_policy
     assert choose_old_policy(LossConfig(), R3Routing()) is update_is_old_policy  # engine routes in both passes
@@ -222,7 +222,7 @@ def _episode(group: int, reward: float, reply: int, finish: str) -> Trajectory:
 
 def test_overlong_filter_penalty_and_dynamic_sampling():
     from agentrl.config import LossConfig
-    from agentrl.train import _overlong_and_dynamic_sampling
+    from agentrl.recipes.train import _overlong_and_dynamic_sampling
 
     eps = [_episode(0, 1.0, 8, "length"), _episode(0, 0.0, 3, "stop"),  # group 0: one reply cut at the budget
            _episode(1, 1.0, 2, "stop"), _episode(1, 1.0, 4, "stop")]  # group 1: all rewards equal

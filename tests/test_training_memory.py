@@ -239,7 +239,7 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     import agentrl
     from agentrl.config import apply_overrides, load_config
     from agentrl.engine.kv_cache import rollout_kv_bytes
-    from agentrl.train import is_single_turn, single_turn_context
+    from agentrl.recipes.train import is_single_turn, single_turn_context
 
     def resolved(cfg):  # as `set_up` resolves the context before sizing the engines
         context, _ = cfg.context.resolved(agentrl.spec("math").load(), tiny_qwen3.tokenizer, tiny_qwen3.family)

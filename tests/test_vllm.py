@@ -139,7 +139,7 @@ def test_every_sampling_field_maps_and_an_unknown_one_is_rejected_by_name():
 def test_rollout_tags_versions_and_prefix_cache_hits_every_later_turn(engine, policy):
     """A multi-turn rollout through the scheduler: each turn its own request, versions tagged, cached prefixes hit."""
     from agentrl.engine import SamplingParams
-    from agentrl.scheduler import RolloutScheduler
+    from agentrl.rollout.scheduler import RolloutScheduler
 
     sched = RolloutScheduler(
         "alfworld", {}, _Unclosed(engine), lambda: policy.model.state_dict().items(), policy.tokenizer,

@@ -141,7 +141,7 @@ class HFEngine:
         self.capture_routes = capture_routes
         self._router = None
         if capture_routes:
-            from agentrl.routing_replay import RoutingReplay
+            from agentrl.training.routing_replay import RoutingReplay
 
             self._router = RoutingReplay(self.model)  # raises a clear error for a dense model
         self.policy_version = 0

@@ -192,7 +192,7 @@ class EngineActorPool:
                  address: str | None = None, actor_options: Callable[[int], dict[str, Any]] | None = None):
         import ray
 
-        from agentrl.pool import start_ray
+        from agentrl.rollout.pool import start_ray
 
         self._owns_ray = start_ray(address)
         self.policy_version = int(version)

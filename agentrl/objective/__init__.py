@@ -3,7 +3,7 @@
 The token-level policy gradient is a first-order approximation of the sequence-level objective, valid only while
 the training-inference discrepancy (rho = pi_old / mu) and the policy staleness (r = pi_theta / pi_old) stay small
 [Zheng et al. 2025]. Importance sampling corrections keep the first honest, clipping keeps the second small, and
-Routing Replay (`agentrl.routing_replay`) shrinks both for MoE models.
+Routing Replay (`agentrl.training.routing_replay`) shrinks both for MoE models.
 
     from agentrl.objective import policy_loss, compute_advantages
     adv = compute_advantages("group_mean", rewards, group_ids)                      # [N]

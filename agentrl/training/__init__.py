@@ -1,4 +1,4 @@
-"""The trainer's parts, one concept per module; the training loop itself is `agentrl.train`.
+"""The trainer's parts, one concept per module; the training loop itself is `agentrl.recipes.train`.
 
 * `backend`: the `TrainingBackend` protocol and the typed requests / results that cross it.
 * `single`: the single-process backend (model and AdamW in the driver).

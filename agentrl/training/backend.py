@@ -1,9 +1,9 @@
 """The training backend: the one narrow interface between the training loop and whatever holds the weights.
 
-The loop (`agentrl.train`) never touches a module or an optimizer. It hands a backend micro-batches and gets back
-numbers: the pi_old log-probs and entropy of a micro-batch (no grad), the forward + backward of the policy loss of a
-micro-batch (gradients accumulate), one optimizer step (with gradient clipping; the norm comes back), the full named
-weights for the inference engines, and a sharded save / load. Two backends implement it:
+The loop (`agentrl.recipes.train`) never touches a module or an optimizer. It hands a backend micro-batches and gets
+back numbers: the pi_old log-probs and entropy of a micro-batch (no grad), the forward + backward of the policy loss
+of a micro-batch (gradients accumulate), one optimizer step (with gradient clipping; the norm comes back), the full
+named weights for the inference engines, and a sharded save / load. Two backends implement it:
 
 * `SingleProcessBackend` (`agentrl.training.single`): the model and AdamW in the driver process (``--trainers 0``).
 * `FSDPBackend` (`agentrl.training.fsdp`): FSDP2 over N Ray worker actors (``--trainers N``), data parallel over
@@ -38,7 +38,7 @@ class ScoreRequest:
     """One micro-batch for the pi_old pass.
 
     Attributes:
-        batch: the right-padded micro-batch (`agentrl.train.MicroBatch`).
+        batch: the right-padded micro-batch (`agentrl.recipes.train.MicroBatch`).
         replay_routes: MoE experts to replay in the forward, `[n, S, L, K]` (R3); None routes live.
         record_routes: return the experts the training router chose (R2 replays them in the updates).
     """

@@ -24,7 +24,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 def moe_router(model: torch.nn.Module):
     """A `RoutingReplay` over the model's MoE routers, or None for a dense model."""
-    from agentrl.routing_replay import RoutingReplay
+    from agentrl.training.routing_replay import RoutingReplay
 
     try:
         return RoutingReplay(model)

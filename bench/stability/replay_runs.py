@@ -13,7 +13,7 @@ import torch
 from lab_models import make_batch, perturbed_router_copy, prompt_class_reward, response_logp, sample, tiny_moe
 
 from agentrl.objective import compute_advantages, policy_loss
-from agentrl.routing_replay import RoutingReplay, router_agreement
+from agentrl.training.routing_replay import RoutingReplay, router_agreement
 
 VOCAB, RESPONSE_LEN = 64, 8
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 from agentrl.envs.alfworld.catalogue import load_catalogue
 from agentrl.envs.alfworld.engine import GRAMMARS, actions, goal_reached, intro, perform
 from agentrl.envs.alfworld.expert import expert_action, observe
@@ -56,7 +56,7 @@ class AlfworldEnv(TextEnv):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     system_prompt: ClassVar[str] = _SYSTEM_PROMPT_04
     # Observations answer the agent's commands: as tool results they keep Qwen3's token prefix, so a 50-step episode
-    # trains as one sample, not 50 (see agentrl.rollout_layout).
+    # trains as one sample, not 50 (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
 
     def __init__(

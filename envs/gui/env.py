@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 
 from .actions import Action, ActionError, format_call, parse_action
 from .phone import Phone
@@ -88,11 +88,11 @@ class GuiEnv(TextEnv):
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     # Screens answer the agent's taps: as tool results they keep Qwen3's token prefix, so an episode trains as one
-    # sample, not one per step (see agentrl.rollout_layout).
+    # sample, not one per step (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
     shared: ClassVar[type[BrowserHost]] = BrowserHost  # free to build: Chromium starts on the first browser page
     # Playwright's sync API belongs to the thread that started the browser: runner pools step every GuiEnv of a
-    # process from one thread (see agentrl.pool).
+    # process from one thread (see agentrl.rollout.pool).
     metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "single_thread": True}
 
     def __init__(

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from agentrl.core import SharedResource
+from agentrl.env import SharedResource
 
 from .phone import Phone
 from .renderer import Renderer

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.core import SharedResource, TextEnv
+from agentrl.env import SharedResource, TextEnv
 
 from .generator import LEVELS, SPLITS, generate_problem
 from .grading import AnswerExtractor, AnswerVerifier, Grader, RewardConfig

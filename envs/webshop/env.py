@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 from agentrl.envs.webshop.catalog import SPLITS
 from agentrl.envs.webshop.pages import (
     RESULTS_PER_PAGE,
@@ -91,7 +91,7 @@ class WebShopEnv(TextEnv):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     # Pages answer the agent's clicks and searches: as tool results they keep Qwen3's token prefix, so an episode
-    # trains as one sample, not one per step (see agentrl.rollout_layout).
+    # trains as one sample, not one per step (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
     shared: ClassVar[type[WebShopResource]] = WebShopResource
 

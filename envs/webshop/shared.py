@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.core import SharedResource
+from agentrl.env import SharedResource
 from agentrl.envs.webshop.catalog import SPLITS, find_data_files, goal_splits, iter_original_products
 from agentrl.envs.webshop.generator import generate_catalogue
 from agentrl.envs.webshop.reward import resolve_tagger, tag_names

@@ -1,7 +1,7 @@
 """Runner pools: where env instances live, how they step, and what happens when one of them fails.
 
 A pool offers `slots`: each slot holds one env and runs one episode at a time, so `--runners N` means N episodes
-in flight at once. The rollout loop (`agentrl.rollout`) keeps the chat context and the engine in the driver and
+in flight at once. The rollout loop (`agentrl.rollout.loop`) keeps the chat context and the engine in the driver and
 only sends action text to a slot and gets an observation back: token-in/token-out never leaves the driver.
 
 Two pools share one small interface (`submit_reset`, `submit_step`, `poll`, `close`):
@@ -29,7 +29,7 @@ the thread that started the browser) says so with ``metadata["single_thread"] = 
 thread for all its slots.
 
 Faults never end the run; they come back as `EnvFailure` records and the rollout loop re-runs the episode from its
-seed (see `agentrl.rollout`):
+seed (see `agentrl.rollout.loop`):
 
 * the env raises in `reset` / `step` / construction: `EnvFailure(kind="error")` with the traceback; the slot's env
   is rebuilt on its next episode.
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl.cluster import start_ray
-from agentrl.core import SharedResource, TextEnv
+from agentrl.env import SharedResource, TextEnv
 
 __all__ = [
     "EnvMaker", "StepResult", "EnvFailure", "Completion", "LocalPool", "RayPool", "make_pool", "start_ray",

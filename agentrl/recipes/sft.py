@@ -5,14 +5,14 @@ Demonstrations come from the env's expert (`TextEnv.expert_action`), from a JSON
 (``{"messages": [{"role": ..., "content": ...}, ...]}`` per line). Every one of them becomes a `Trajectory` built
 exactly as a rollout builds it: the same `ChatContext` renders each turn's prompt (history rewrites, new segments,
 observation roles included), and each turn's `generated_ids` are the tokens the model would have emitted for the
-expert's action, end-of-turn token included. `agentrl.samples.trajectory_to_samples` then turns them into the very
+expert's action, end-of-turn token included. `agentrl.chat.samples.trajectory_to_samples` then turns them into the very
 samples RL trains on, so the loss mask is RL's: 1 exactly on the agent's own tokens.
 
 The loss is the mean negative log-likelihood of those tokens over the batch (`sft_loss`). A run folder gets
 metrics.jsonl (one line per optimizer step), curves.png, checkpoint/ (the layout of `agentrl run`, so
 ``agentrl run --model RUN/checkpoint`` and ``agentrl eval --model RUN/checkpoint`` take it), sft_config.yaml,
 config.yaml (its model, env, rollout and context sections in RL's layout: `agentrl eval` rebuilds the prompts from it),
-sampling.json, summary.json and eval/ (held-out success through `agentrl.evaluate`).
+sampling.json, summary.json and eval/ (held-out success through `agentrl.recipes.evaluate`).
 
 Choices, and why:
     * Only successful expert episodes are kept: a demonstration that fails is not gold. How many were dropped is
@@ -35,11 +35,11 @@ from typing import Any
 import torch
 import yaml
 
+from agentrl.chat.context import ChatContext
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.config import DTYPES, ConfigError, ContextConfig, EnvConfig, RolloutConfig, load_yaml
-from agentrl.context import ChatContext
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
-from agentrl.samples import trajectory_to_samples
 from agentrl.training.metrics import plot_metrics
 
 __all__ = ["SFTConfig", "SFTError", "load_sft_config", "reply_ids", "expert_trajectory", "expert_demonstrations",
@@ -175,7 +175,7 @@ def expert_trajectory(env: TextEnv, env_id: str, seed: int, tokenizer, *, chat_k
                       max_context_tokens: int = 4096) -> Trajectory:
     """Play one episode with the env's expert, recorded as the rollout would record a model playing it.
 
-    Turns, truncation and the context budget follow `agentrl.rollout.run_rollout`; the env receives the action text
+    Turns, truncation and the context budget follow `agentrl.rollout.loop.run_rollout`; the env receives the action text
     a model's reply would give it (`ChatContext.action_from_reply`), so the demonstration is exactly reproducible by the
     policy. Rollout log-probs are 0 (the expert is not a sampling distribution; SFT does not use them).
     """
@@ -372,7 +372,7 @@ def _demonstrations(cfg: SFTConfig, policy, out: Path) -> tuple[list[Trajectory]
 def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
     """Samples of successful expert episodes on the env's held-out split, at the eval task seeds."""
     import agentrl
-    from agentrl.evaluate import EVAL_SEED_OFFSET, resolve_split
+    from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, resolve_split
 
     kwargs, _ = resolve_split(cfg.env.id, agentrl.spec(cfg.env.id).load(),
                               {k: v for k, v in cfg.env.kwargs.items() if k != "split"}, None)
@@ -525,7 +525,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         summary["validation"] = {"samples": len(validation), "split_seeds_from": "eval (held-out split)",
                                  "nll_before": val_before, "nll_after": val_after}
     if cfg.eval_episodes:
-        from agentrl.evaluate import EvalConfig, evaluate
+        from agentrl.recipes.evaluate import EvalConfig, evaluate
 
         overrides = {} if cfg.eval_temperature is None else {"temperature": cfg.eval_temperature}
         results = evaluate(EvalConfig(

@@ -276,7 +276,7 @@ def check_conversations(tokenizer, conversations: Sequence[dict[str, Any]], *, f
         family: force a family (default: detected from the tokenizer).
         chat_kwargs: template variables (``enable_thinking``).
     """
-    from agentrl.context import ChatContext
+    from agentrl.chat.context import ChatContext
 
     reports: list[TurnReport] = []
     incremental_ok = True
@@ -309,7 +309,7 @@ def check_conversations(tokenizer, conversations: Sequence[dict[str, Any]], *, f
 
 def _trajectory_reports(tokenizer, c: int, turns: list[dict[str, Any]]) -> list[TurnReport]:
     """Reports for a saved trajectory: its real generated ids, and its prompts as the rollout built them."""
-    from agentrl.context import explain_rewrite
+    from agentrl.chat.context import explain_rewrite
 
     out = []
     for k, t in enumerate(turns):
@@ -361,7 +361,7 @@ def load_tokenizer(model: str):
 def _template_parity(tokenizer, family, conversations: Sequence[list[dict[str, Any]]],
                      tools, chat_kwargs: dict[str, Any]) -> tuple[int, int]:
     """How many of `conversations` the tokenizer's own template renders exactly as the family's official one."""
-    from agentrl.templates import compile_template
+    from agentrl.chat.families import compile_template
 
     own = getattr(tokenizer, "chat_template", None)
     if not isinstance(own, str):
@@ -386,7 +386,7 @@ def generated_episode(family, rng: random.Random, turns: int, tools: list[dict] 
 
     One step per turn, each ``{"reasoning", "content", "calls", "role"}`` (the role of the observation that follows).
     """
-    from agentrl.parsers import ToolCall
+    from agentrl.chat.parsers import ToolCall
 
     words = ["look", "go north", "café", "x=1", "search the docs", "你好", "ok"]
     steps = []
@@ -423,8 +423,8 @@ def check_family(tokenizer, family_name: str, *, episodes: int = 6, turns: int =
         seed: for the generated conversations.
         chat_kwargs: template variables (``enable_thinking``, ``thinking``).
     """
-    from agentrl.context import ChatContext
-    from agentrl.templates import get_family
+    from agentrl.chat.context import ChatContext
+    from agentrl.chat.families import get_family
 
     family = get_family(family_name)
     rng = random.Random(seed)
@@ -473,7 +473,7 @@ def template_report(model: str, conversations_path: str | Path | None = None, *,
     chat_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking, "thinking": enable_thinking}
     if conversations is not None:
         return check_conversations(tokenizer, conversations, family=family, chat_kwargs=chat_kwargs)
-    from agentrl.context import detect_family
+    from agentrl.chat.context import detect_family
 
     name = family or detect_family(tokenizer, chat_kwargs)
     if name is None:  # the tokenizer's own template: replay the built-in conversations through it

@@ -3,7 +3,7 @@
 One step:
   1. rollout: `prompts_per_step` tasks x `group_size` episodes with the current weights (policy version = step).
   2. advantages: the group-mean baseline by default (MiniRL: A = R - mean_group(R), no std division).
-  3. samples: each trajectory becomes one sample per prefix-consistent run of turns (`agentrl.samples`).
+  3. samples: each trajectory becomes one sample per prefix-consistent run of turns (`agentrl.chat.samples`).
   4. pi_old: the training model recomputes the log-probs of the sampled tokens (no grad), and the entropy.
      The rollout's own log-probs (mu) stay as they were: the loss's importance weight pi_old / mu corrects for
      any train-inference mismatch. With one mini-batch per rollout the update's own forward runs on the same
@@ -14,8 +14,8 @@ One step:
      on, of healthy steps only, so a rollback restores the weights and optimizer state of the last healthy step).
 
 Objective options chosen once per run: the loss options (`build_loss_options`), per-turn advantages (GiGPO or any
-episode-level estimator), a frozen reference model only when a KL term asks for it (`agentrl.reference`), bypass
-mode (pi_old = mu: step 4 is skipped), the pi_old pass or the update's own log-probs (`choose_old_policy`), the
+episode-level estimator), a frozen reference model only when a KL term asks for it (`agentrl.training.reference`),
+bypass mode (pi_old = mu: step 4 is skipped), the pi_old pass or the update's own log-probs (`choose_old_policy`), the
 entropy bonus (the update pass computes the entropy with grad).
 
 Where things live (the torchtune split): `set_up` builds and checks everything before a step runs (Ray, placement,
@@ -46,10 +46,11 @@ import torch.nn.functional as F
 import yaml
 
 import agentrl
+from agentrl.chat.samples import trajectory_to_samples
 from agentrl.cluster import ClusterError, start_ray
 from agentrl.config import ConfigError, LossConfig, RunConfig, config_to_dict
-from agentrl.core import TextEnv
 from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines, choose_engine
+from agentrl.env import TextEnv
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import (
     CollapseGuard,
@@ -64,9 +65,7 @@ from agentrl.objective import (
     turn_advantages,
 )
 from agentrl.records import Sample, Trajectory, save_trajectories
-from agentrl.reference import ReferencePolicy, load_reference
-from agentrl.samples import trajectory_to_samples
-from agentrl.scheduler import RolloutScheduler, staleness_metrics
+from agentrl.rollout.scheduler import RolloutScheduler, staleness_metrics
 from agentrl.training.backend import LossResult, PolicyObjective, TrainerFailure, TrainingBackend
 from agentrl.training.checkpoint import (
     CHECKPOINT,
@@ -81,7 +80,8 @@ from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_trainin
 from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import collate, pack_by_tokens, padding_waste
 from agentrl.training.placement import Placement, PlacementPlan
-from agentrl.training.replay import DenseRouting, RoutingReplayError, routing_strategy
+from agentrl.training.reference import ReferencePolicy, load_reference
+from agentrl.training.routing_replay import DenseRouting, RoutingReplayError, routing_strategy
 from agentrl.training.single import SingleProcessBackend
 
 __all__ = ["train", "TrainingError", "set_up", "Run"]
@@ -271,7 +271,7 @@ def single_turn_context(cfg: RunConfig, policy: LoadedModel) -> int:
     single-turn math that way gave vLLM a 5.7 GiB cache that pushed the training step into gradient checkpointing
     (30% slower) for nothing.
     """
-    from agentrl.context import ChatContext
+    from agentrl.chat.context import ChatContext
 
     R = cfg.rollout
     options = cfg.context.rollout_kwargs(policy.family)
@@ -334,7 +334,7 @@ def _build_rollout(cfg: RunConfig, policy: LoadedModel, backend: TrainingBackend
     (out / "sampling.json").write_text(json.dumps(
         sampling.__dict__ | {"chat_kwargs": chat_kwargs, "model_generation_config": policy.generation_config},
         default=list))
-    # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.scheduler).
+    # Rollouts: the runner pool, the sync interval or async producer, policy versions (see agentrl.rollout.scheduler).
     return RolloutScheduler(
         cfg.env.id, cfg.env.kwargs, engine, backend.named_weights, policy.tokenizer,
         seeds_for_step=lambda s: [cfg.env.seed_offset + s * R.prompts_per_step + i for i in range(R.prompts_per_step)],

@@ -64,7 +64,7 @@ def play(
 ) -> None:
     """Play one episode in the terminal (you type actions), or watch the expert play it."""
     import agentrl
-    from agentrl.play import play_episode
+    from agentrl.recipes.play import play_episode
 
     if seed < 0:
         _fail(f"--seed must be >= 0 (env seeds cannot be negative), got {seed}")
@@ -153,7 +153,7 @@ def run(
         _fail(str(e))
     import dataclasses
 
-    from agentrl.train import TrainingError, default_run_dir, plot_curves, train
+    from agentrl.recipes.train import TrainingError, default_run_dir, plot_curves, train
 
     if not cfg.output:  # named here, so an interrupted run can still say where it is
         cfg = dataclasses.replace(cfg, output=str(default_run_dir(cfg)))
@@ -191,9 +191,9 @@ def sft(
     """Supervised warm start on expert (or given) episodes, with RL's templates and loss masks; checkpoint + eval."""
     from agentrl.config import ConfigError, _build, config_to_dict
     from agentrl.models import UnknownModelError, check_model_name
+    from agentrl.recipes.sft import SFTConfig, SFTError, load_sft_config, run_sft
     from agentrl.registry import UnknownEnvError
     from agentrl.registry import spec as env_spec
-    from agentrl.sft import SFTConfig, SFTError, load_sft_config, run_sft
 
     try:
         cfg = load_sft_config(config)
@@ -252,10 +252,10 @@ def eval_(
 ) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
     from agentrl.cluster import ClusterError
-    from agentrl.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, evaluate, load_results
     from agentrl.models import UnknownModelError
+    from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, evaluate, load_results
+    from agentrl.recipes.report import print_comparison, print_results
     from agentrl.registry import UnknownEnvError
-    from agentrl.report import print_comparison, print_results
 
     try:
         if compare is not None:
@@ -293,7 +293,7 @@ def inspect_(
     every: int = typer.Option(1, "--every", help="Show every N-th step (the last one is always shown)."),
 ) -> None:
     """Summarise a run's saved trajectories step by step: reward and length distributions and how they shift."""
-    from agentrl.inspect_run import InspectError, inspect_run
+    from agentrl.recipes.inspect_run import InspectError, inspect_run
 
     try:
         inspect_run(run_dir, plot=plot, every=every)
@@ -310,9 +310,9 @@ def check_template(
     thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Template thinking switch."),
 ) -> None:
     """Check a chat template: parity with the official file, which turns rewrite history and why, token drift."""
+    from agentrl.chat.families import UnknownFamilyError
+    from agentrl.chat.roundtrip import template_report
     from agentrl.models import UnknownModelError
-    from agentrl.roundtrip import template_report
-    from agentrl.templates import UnknownFamilyError
 
     try:
         report = template_report(model, conversations, family=family, enable_thinking=thinking)

@@ -439,7 +439,7 @@ def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolv
              policy, env_kwargs: Mapping[str, Any], pool, bar, rollout_kwargs: Mapping[str, Any]) -> list[Trajectory]:
     """Play `cfg.n` episodes of every task seed, a chunk of whole tasks at a time, with `ContextConfig` kwargs."""
     import agentrl
-    from agentrl.rollout import collect_trajectories
+    from agentrl.rollout.loop import collect_trajectories
 
     trajectories: list[Trajectory] = []
     for chunk_index, first in enumerate(range(0, len(seeds), tasks_per_chunk)):
@@ -509,7 +509,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
 
     import agentrl
     from agentrl.models import load_model
-    from agentrl.report import write_report
+    from agentrl.recipes.report import write_report
 
     console = console or Console()
     cfg.validate()
@@ -559,7 +559,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     start = time.perf_counter()
     bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
                desc=f"eval {cfg.env_id} x {policy.name}")
-    from agentrl.pool import EnvMaker, make_pool
+    from agentrl.rollout.pool import EnvMaker, make_pool
 
     # The same runner pools as training: env steps in Ray actors (shared env state, fault tolerance), or in-process.
     pool = make_pool(EnvMaker(cfg.env_id, dict(env_kwargs)), cfg.runners, address=cfg.ray_address) \

@@ -72,12 +72,12 @@ class TextEnv(gym.Env[str, str]):
             - `"task_type"` (str): a category for evaluation breakdowns (math level, ALFWorld task type).
             - `"tools"` (list[dict], at reset): JSON-schema tool declarations. The env then receives each reply's
               function call as ``{"name": ..., "arguments": ...}`` JSON and its observations are sent as tool
-              results (`agentrl.context.ChatContext.first_prompt`).
+              results (`agentrl.chat.context.ChatContext.first_prompt`).
         * `expert_action() -> str`: a gold next action from the current state. Playing it repeatedly from
           `reset` solves the task, so tasks and rewards can be checked without a model.
         * `system_prompt`: what an LLM agent is told about the task format and the action syntax.
         * `rollout_defaults` (optional): context-layout hints for runs, e.g. ``{"observation_role": "tool"}`` when
-          observations are results of the agent's actions (see `agentrl.rollout_layout`).
+          observations are results of the agent's actions (see `agentrl.chat.layout`).
         * `max_episode_steps` (optional): the most steps an episode can take when the env fixes it (1 for a
           single-turn env). Runs size the engines' KV memory by it: a single-turn episode never grows past its first
           prompt and one reply.

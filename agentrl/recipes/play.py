@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentrl.core import TextEnv
+from agentrl.env import TextEnv
 
 __all__ = ["PlayResult", "play_episode"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.context import OBSERVATION_ROLES, ChatContext
+from agentrl.chat.context import OBSERVATION_ROLES, ChatContext
 
 __all__ = ["AUTO", "resolve_observation_role"]
 

@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.buffer import FreshnessBuffer
 from agentrl.engine.base import InferenceEngine, RequestEngine, SamplingParams
 from agentrl.engine.requests import as_request_engine
-from agentrl.pool import EnvMaker, make_pool
 from agentrl.records import Trajectory, save_trajectories
-from agentrl.rollout import RolloutInterrupted, RolloutResult, RolloutStats, run_rollout
+from agentrl.rollout.buffer import FreshnessBuffer
+from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats, run_rollout
+from agentrl.rollout.pool import EnvMaker, make_pool
 
 __all__ = ["RolloutScheduler", "staleness_metrics"]
 

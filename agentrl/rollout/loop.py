@@ -4,14 +4,14 @@ Episodes run side by side. The driver keeps each episode's chat context; each tu
 (`agentrl.engine.base.RequestEngine`), submitted as soon as the episode's observation is in, and its result is handled
 as soon as it finishes (continuous batching: a vLLM engine or engine actors never hold a turn back for the slowest
 episode; a batch-only engine such as the HF one samples every waiting turn in one batch per round). The actions go
-to the runner pool (`agentrl.pool`) as futures, one Ray call per runner process per round, so with Ray runners the
-envs step while the engine generates for other episodes.
+to the runner pool (`agentrl.rollout.pool`) as futures, one Ray call per runner process per round, so with Ray runners
+the envs step while the engine generates for other episodes.
 With the in-process pool (``runners=0``) and the HF engine every call returns at once and each round is exactly one
 turn of every running episode. Token-in/token-out: the ids the engine generated go into the next turn's context
-verbatim (see `agentrl.context`), never re-tokenized from text; runners only ever see action text.
+verbatim (see `agentrl.chat.context`), never re-tokenized from text; runners only ever see action text.
 
-Faults (see `agentrl.pool`): an episode whose env raised, hung or lost its runner is re-run from its seed, at most
-`max_episode_retries` times; after that its whole group is dropped, never kept partially (a partial group would
+Faults (see `agentrl.rollout.pool`): an episode whose env raised, hung or lost its runner is re-run from its seed, at
+most `max_episode_retries` times; after that its whole group is dropped, never kept partially (a partial group would
 bias the group-mean advantage). Every retry and drop is counted in `RolloutStats` and logged with the exception.
 
 Determinism: with a deterministic engine (greedy decoding, or any engine whose output depends only on the prompt)
@@ -30,13 +30,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from agentrl.context import ChatContext
-from agentrl.core import TextEnv
+from agentrl.chat.context import ChatContext
+from agentrl.chat.roundtrip import check_roundtrip
 from agentrl.engine.base import EngineRequest, EngineResult, InferenceEngine, RequestEngine, SamplingParams
 from agentrl.engine.requests import as_request_engine
-from agentrl.pool import Completion, EnvFailure, LocalPool, RayPool
+from agentrl.env import TextEnv
 from agentrl.records import Trajectory, Turn
-from agentrl.roundtrip import check_roundtrip
+from agentrl.rollout.pool import Completion, EnvFailure, LocalPool, RayPool
 
 __all__ = ["collect_trajectories", "run_rollout", "Episode", "RolloutResult", "RolloutStats", "RolloutInterrupted"]
 
@@ -164,7 +164,7 @@ def run_rollout(
     """Play `group_size` episodes for each seed through `pool`; return the complete groups (group i = seeds[i]).
 
     Args:
-        pool: where the envs live (`agentrl.pool.make_pool`); at most `pool.slots` episodes run at once.
+        pool: where the envs live (`agentrl.rollout.pool.make_pool`); at most `pool.slots` episodes run at once.
         env_id: recorded in each trajectory.
         seeds: one task per seed.
         group_size: episodes per seed (a group).
@@ -407,7 +407,7 @@ def collect_trajectories(
         policy_version: recorded in each trajectory (None: the engine's `policy_version`).
         chat_kwargs: chat-template variables (e.g. ``{"enable_thinking": False}``).
         on_turn: called after each engine call with (episodes finished, episodes in all), for progress bars.
-        pool: a runner pool (`agentrl.pool.make_pool`); None runs every episode in the driver.
+        pool: a runner pool (`agentrl.rollout.pool.make_pool`); None runs every episode in the driver.
         max_episode_retries: re-runs of a failed episode before its group is dropped (only complete groups return).
         context_options: keyword arguments for each episode's `ChatContext` (see `run_rollout`).
         max_new_tokens_by_turn: per-turn generation budgets (see `run_rollout`).

@@ -2,7 +2,7 @@ r"""Assistant replies -> structured messages, one parser per chat-template famil
 
 A reply is parsed once, right after generation, into what the family's template acts on: the answer (``content``),
 the reasoning (``reasoning_content``, or ``thinking`` for gpt-oss) and the tool calls (``tool_calls``). The history a
-`agentrl.context.ChatContext` renders is this structured message; the engine's token ids stay beside it untouched.
+`agentrl.chat.context.ChatContext` renders is this structured message; the engine's token ids stay beside it untouched.
 
 Each parser also decides how much structure its template can take back. Where a template writes the raw text
 (SmolLM3, DeepSeek-R1's tool-call turns, DeepSeek-V3.1 after tool outputs) the message keeps the raw text, so the

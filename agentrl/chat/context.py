@@ -1,7 +1,7 @@
 """Per-episode chat context: each turn's prompt ids, built token-in/token-out, exactly as inference would see them.
 
-Turn k's prompt is the model family's official template rendering the history so far (`agentrl.templates`). Each
-reply is parsed once by the family's parser (`agentrl.parsers`) into a structured message (content, reasoning, tool
+Turn k's prompt is the model family's official template rendering the history so far (`agentrl.chat.families`). Each
+reply is parsed once by the family's parser (`agentrl.chat.parsers`) into a structured message (content, reasoning, tool
 calls), and that structured message is what the template renders in later turns; the engine's ids are kept as they
 are. Two paths:
 
@@ -32,8 +32,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from agentrl.parsers import ParsedReply
-from agentrl.templates import FAMILIES, TemplateFamily, fixed_clock, get_family
+from agentrl.chat.families import FAMILIES, TemplateFamily, fixed_clock, get_family
+from agentrl.chat.parsers import ParsedReply
 
 __all__ = ["ChatContext", "ContextStep", "strip_thinking", "detect_family", "recap_text"]
 
@@ -69,7 +69,7 @@ def recap_text(goal: str, actions: list[str], k: int) -> str:
 
 @lru_cache(maxsize=64)
 def _detect(template: str, kwargs_key: tuple, special_key: tuple, hint: str | None) -> str | None:
-    from agentrl.templates import compile_template
+    from agentrl.chat.families import compile_template
 
     names = ([hint] if hint in FAMILIES else []) + [n for n in FAMILIES if n != hint]
     exact = next((n for n in names if FAMILIES[n].source.strip() == template.strip()), None)
@@ -138,7 +138,7 @@ def explain_rewrite(seen: str, rendered: str, width: int = 40) -> str:
 class ChatContext:
     """The growing conversation of one episode and its prompt ids.
 
-    Replies are parsed once by the family's parser (`agentrl.parsers`) into structured messages (content,
+    Replies are parsed once by the family's parser (`agentrl.chat.parsers`) into structured messages (content,
     reasoning, tool calls); the history the template renders is that structured one, the engine's ids stay verbatim.
 
     Args:
