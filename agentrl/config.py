@@ -1,13 +1,19 @@
-"""Run configuration: typed dataclasses with documented defaults. YAML files in `configs/` only set values.
+"""Run configuration: typed dataclasses with documented defaults, one section per owner.
 
-A YAML file mirrors the sections below::
+Each section is read by the module that owns it: `env` (the registry and the rollout's task seeds), `sampling` and
+`context` (the agent loop, `agentrl.rollout.loop`), `engine` (`agentrl.engine`), `runners` (`agentrl.rollout.pool`),
+`scheduler` (`agentrl.rollout.scheduler`), `trainer` and `optim` (`agentrl.training`), `loss`, `advantage` and `guard`
+(`agentrl.objective`). Set-up resolves them once into a `agentrl.plan.RunPlan`. A YAML file in `configs/` only sets
+values and mirrors the sections::
 
     model: smollm2-135m
     env: {id: math, kwargs: {level: 2}}
-    rollout: {group_size: 8, prompts_per_step: 4, max_new_tokens: 96}
+    scheduler: {group_size: 8, prompts_per_step: 4}
+    sampling: {max_new_tokens: 96}
     loss: {name: minirl}
 
 Unknown keys are errors that name the key and list the valid ones: a typo must never silently fall back to a default.
+A key of an earlier layout fails with one line naming its new place (`MOVED_KEYS`).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "EnvConfig", "RolloutConfig", "ContextConfig", "LossConfig", "OptimConfig", "GuardConfig", "TrainerConfig",
-    "RunConfig",
+    "EnvConfig", "SamplingConfig", "EngineConfig", "RunnersConfig", "SchedulerConfig", "ContextConfig",
+    "TrainerConfig", "OptimConfig", "LossConfig", "OverlongConfig", "AdvantageConfig", "GuardConfig", "RunConfig",
+    "MOVED_KEYS",
     "ConfigError",
     "load_config", "apply_overrides", "config_to_dict",
 ]
@@ -42,65 +49,108 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass
 class EnvConfig:
-    """Which environment and how to build it."""
+    """Which environment, how to build it, which tasks each step plays."""
 
     id: str = "math"
     """Registry id (`agentrl envs list`)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Constructor keyword arguments for the env; what is left out takes the env's own defaults (math: level 1)."""
+    """Constructor keyword arguments for the env (env-specific, so free-form); what is left out takes the env's own
+    defaults (math: level 1)."""
     seed_offset: int = 0
     """Task seeds of step s are `seed_offset + s * prompts_per_step + i`: every step sees new tasks."""
+    max_turns: int = 50
+    """Cap on model calls per episode. Envs end episodes with their own budgets first (math single-turn: 1 reply;
+    WebShop: 15 steps; GUI: 25; ALFWorld: 50), so the default lets every built-in env play out whole episodes."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.id, str) and bool(self.id), "env.id", self.id, "a registered env id")
         _require(self.seed_offset >= 0, "env.seed_offset", self.seed_offset, ">= 0 (env seeds cannot be negative)")
+        _require(self.max_turns >= 1, "env.max_turns", self.max_turns, ">= 1")
 
 
 @dataclass
-class RolloutConfig:
-    """How episodes are sampled."""
+class SamplingConfig:
+    """How the policy samples its replies while training (`agentrl eval` uses the model's official settings)."""
 
-    prompts_per_step: int = 4
-    """Distinct tasks (env seeds) per training step."""
-    group_size: int = 8
-    """Episodes per task; advantages compare episodes within a group."""
-    max_turns: int = 50
-    """Cap on model calls per episode. Envs end episodes with their own budgets first (math single-turn: 1 reply;
-    WebShop: 15 steps; GUI: 25; ALFWorld: 50), so the default lets every built-in env play out whole episodes."""
-    max_new_tokens: int = 64
-    """Per turn: enough for actions and short answers; raise it for reasoning or thinking models."""
-    max_context_tokens: int = 4096
-    """An episode whose prompt would grow past this is truncated."""
     temperature: float = 1.0
     """Train at temperature 1: the importance weights assume we learn from what the policy really samples."""
     top_p: float = 1.0
     """Nucleus sampling mass (1 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    engine_batch_size: int = 32
-    """Prompts per engine forward pass (HF engine)."""
-    engine: str = "auto"
-    """Inference engine: ``hf`` (transformers, our decode loop), ``vllm`` (continuous batching, prefix caching;
-    needs the vLLM install of the README), or ``auto``: vLLM where it is installed and serves the model, else HF
-    (resolved once at set-up, `agentrl.engine.choose_engine`, and saved as such in the run's config.yaml)."""
-    engines: int = 1
-    """Engine replicas; more than one (or a `ray_address`) runs them as Ray actors, episodes spread by load."""
-    engine_dtype: str = ""
-    """The engine's precision (float32, bfloat16); empty: the training dtype."""
-    engine_kv_cache_gib: float = 0.0
+    max_new_tokens: int = 64
+    """Per turn: enough for actions and short answers; raise it for reasoning or thinking models."""
+
+    def __post_init__(self) -> None:
+        # Greedy decoding would give every episode of a group the same reply: zero advantages, nothing to learn.
+        _require(self.temperature > 0, "sampling.temperature", self.temperature, "> 0 for training")
+        _require(0 < self.top_p <= 1, "sampling.top_p", self.top_p, "in (0, 1]")
+        _require(self.top_k >= 0, "sampling.top_k", self.top_k, ">= 0 (0 = off)")
+        _require(self.max_new_tokens >= 1, "sampling.max_new_tokens", self.max_new_tokens, ">= 1")
+
+
+@dataclass
+class EngineConfig:
+    """The inference engines: which kind, how many, in what precision, on which devices (see `agentrl.engine`)."""
+
+    kind: str = "auto"
+    """``hf`` (transformers, our decode loop), ``vllm`` (continuous batching, prefix caching; needs the vLLM install of
+    the README), or ``auto``: vLLM where it is installed and serves the model, else HF (resolved once in the run plan
+    and saved as such)."""
+    replicas: int = 1
+    """Engine replicas (``--engines``); more than one (or a `ray_address`) runs them as Ray actors, episodes spread by
+    load."""
+    dtype: str = ""
+    """The engine's precision (float32, bfloat16); empty: the trainer's dtype."""
+    kv_cache_gib: float = 0.0
     """Memory for each engine's KV cache (vLLM; host memory on the CPU build) or prefix store (HF), in GiB; 0 sizes
-    it to keep every episode in flight cached at its longest context, within half the free memory (see
-    `agentrl.recipes.train.rollout_kv_cache_gib`)."""
-    runners: int = 0
-    """Concurrent env runners; 0 runs envs in the driver process."""
-    runner_actors: int = 0
+    it to keep every episode in flight cached at its longest context, within half the free memory."""
+    batch_size: int = 32
+    """Prompts per engine forward pass (HF engine)."""
+    gpus: float = 0.0
+    """GPUs each Ray-placed engine owns (``--gpus-per-engine``)."""
+    colocate: bool = False
+    """Engines share the trainers' GPUs (sleeping while they train) instead of owning their own."""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("auto", "hf", "vllm"), "engine.kind", self.kind, "auto, hf or vllm")
+        _require(self.replicas >= 1, "engine.replicas", self.replicas, ">= 1")
+        _require(self.dtype in ("", *DTYPES), "engine.dtype", self.dtype,
+                 f"empty (the trainer's dtype) or one of {', '.join(DTYPES)}")
+        _require(self.kv_cache_gib >= 0, "engine.kv_cache_gib", self.kv_cache_gib,
+                 ">= 0 GiB (0: sized for the rollout)")
+        _require(self.batch_size >= 1, "engine.batch_size", self.batch_size, ">= 1")
+        _require(self.gpus >= 0, "engine.gpus", self.gpus, ">= 0")
+
+
+@dataclass
+class RunnersConfig:
+    """The env runner pool: envs in Ray actors, with fault tolerance (see `agentrl.rollout.pool`)."""
+
+    count: int = 0
+    """Concurrent env runners (``--runners``); 0 runs envs in the driver process."""
+    actors: int = 0
     """Ray processes hosting the runners (several envs each); 0 = one per CPU of the Ray cluster."""
-    ray_address: str | None = None
-    """Ray cluster to join (``auto``, ``ray://host:10001``); None starts a quiet local Ray for the run."""
     step_timeout: float = 60.0
     """Seconds an env reset/step may take in a runner before the runner is restarted and the episode re-run."""
     max_episode_retries: int = 2
     """Re-runs of an episode whose env failed before its whole group is dropped (and counted)."""
+
+    def __post_init__(self) -> None:
+        _require(self.count >= 0, "runners.count", self.count, ">= 0 (0 = in-process)")
+        _require(self.actors >= 0, "runners.actors", self.actors, ">= 0 (0 = one per CPU)")
+        _require(self.step_timeout > 0, "runners.step_timeout", self.step_timeout, "> 0 seconds")
+        _require(self.max_episode_retries >= 0, "runners.max_episode_retries", self.max_episode_retries, ">= 0")
+
+
+@dataclass
+class SchedulerConfig:
+    """What each step rolls out and with which policy version (see `agentrl.rollout.scheduler`)."""
+
+    prompts_per_step: int = 4
+    """Distinct tasks (env seeds) per training step."""
+    group_size: int = 8
+    """Episodes per task; advantages compare episodes within a group."""
     sync_every: int = 1
     """Refresh the rollout engine's weights every k steps (1 = lockstep on-policy; samples are <= k-1 steps old)."""
     async_rollout: bool = False
@@ -109,29 +159,14 @@ class RolloutConfig:
     """Async mode: train only on samples at most this many policy versions old (fresher ones first)."""
 
     def __post_init__(self) -> None:
-        for name in ("prompts_per_step", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
-                     "engine_batch_size", "sync_every", "engines"):
-            _require(getattr(self, name) >= 1, f"rollout.{name}", getattr(self, name), ">= 1")
-        for name in ("top_k", "runners", "runner_actors", "max_episode_retries", "max_staleness"):
-            _require(getattr(self, name) >= 0, f"rollout.{name}", getattr(self, name), ">= 0")
-        # Greedy decoding would give every episode of a group the same reply: zero advantages, nothing to learn.
-        _require(self.temperature > 0, "rollout.temperature", self.temperature, "> 0 for training")
-        _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
-        _require(self.step_timeout > 0, "rollout.step_timeout", self.step_timeout, "> 0 seconds")
-        _require(self.engine in ("auto", "hf", "vllm"), "rollout.engine", self.engine, "auto, hf or vllm")
-        _require(self.engine_dtype in ("", *DTYPES), "rollout.engine_dtype", self.engine_dtype,
-                 f"empty (the training dtype) or one of {', '.join(DTYPES)}")
-        _require(self.engine_kv_cache_gib >= 0, "rollout.engine_kv_cache_gib", self.engine_kv_cache_gib,
-                 ">= 0 GiB (0: sized for the rollout)")
-
-
-CONTEXT_KEYS = ("observation_role", "recap_actions", "chat_family", "max_new_tokens_by_turn", "enable_thinking")
-"""`ContextConfig` fields; older configs set them under ``rollout:``, which still works."""
+        for name in ("prompts_per_step", "group_size", "sync_every"):
+            _require(getattr(self, name) >= 1, f"scheduler.{name}", getattr(self, name), ">= 1")
+        _require(self.max_staleness >= 0, "scheduler.max_staleness", self.max_staleness, ">= 0")
 
 
 @dataclass(frozen=True)
 class ContextConfig:
-    """How every turn's prompt is built, one definition for `agentrl run` and `agentrl eval`.
+    """How every turn's prompt is built, one definition for `agentrl run`, `agentrl sft` and `agentrl eval`.
 
     It is saved in the run's config.yaml, and `agentrl eval --model RUN/checkpoint` rebuilds the prompts the policy
     trained on from it.
@@ -145,10 +180,13 @@ class ContextConfig:
     recap_actions: int = 0
     """When > 0, every observation after the first repeats the goal and the last k actions (small models lose focus)."""
     chat_family: str = ""
-    """Chat-template family to render with (`agentrl.chat.families.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...); empty
-    detects it from the tokenizer, falling back to the tokenizer's own template."""
+    """Chat-template family to render with (`agentrl.chat.families.FAMILIES`: qwen3, deepseek-r1, gpt-oss, ...);
+    empty detects it from the tokenizer, falling back to the tokenizer's own template."""
     max_new_tokens_by_turn: tuple[int, ...] = ()
-    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `max_new_tokens` for every turn."""
+    """Per-turn generation budgets (turn i uses entry min(i, len-1)); empty uses `sampling.max_new_tokens` for every
+    turn."""
+    max_context_tokens: int = 4096
+    """An episode whose prompt would grow past this is truncated."""
     enable_thinking: bool | None = None
     """For thinking-model templates (Qwen3): force thinking on or off; None keeps the template default."""
     history: str = "template"
@@ -167,26 +205,19 @@ class ContextConfig:
                  "template (the official rendering) or as_sampled (earlier turns as the model sampled them)")
         _require(all(isinstance(b, int) and b >= 1 for b in self.max_new_tokens_by_turn),
                  "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
+        _require(self.max_context_tokens >= 1, "context.max_context_tokens", self.max_context_tokens, ">= 1")
         if self.chat_family:
             from agentrl.chat.families import ALIASES, FAMILIES
 
             _require(self.chat_family in {**FAMILIES, **ALIASES}, "context.chat_family", self.chat_family,
                      f"empty (detect it) or one of {', '.join(FAMILIES)}")
 
-    def resolved(self, env_cls: type, tokenizer, family_hint: str | None) -> tuple[ContextConfig, str]:
-        """This context with ``observation_role: auto`` replaced by the concrete role, and one line saying why."""
-        from agentrl.chat.layout import resolve_observation_role
-
-        role, why = resolve_observation_role(self.observation_role, env_cls, tokenizer, self.chat_kwargs(),
-                                             family=self.chat_family or None, family_hint=family_hint)
-        return dataclasses.replace(self, observation_role=role), why
-
     def chat_kwargs(self) -> dict[str, Any]:
         """Chat-template variables (``enable_thinking`` when set)."""
         return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
 
     def rollout_kwargs(self, family_hint: str | None) -> dict[str, Any]:
-        """The keyword arguments `agentrl.rollout.loop.run_rollout` / `collect_trajectories` take for this context.
+        """The keyword arguments `agentrl.rollout.loop.run_rollout` takes for this context.
 
         Args:
             family_hint: the loaded model's family (`LoadedModel.family`), tried first when detecting the template.
@@ -201,19 +232,103 @@ class ContextConfig:
 
 
 @dataclass
+class TrainerConfig:
+    """Where and how the policy trains, and in how much memory (see `agentrl.training`)."""
+
+    workers: int = 0
+    """FSDP2 trainer workers on Ray (``--trainers``); 0 trains in the driver process (one CPU machine)."""
+    gpus_per_worker: float = 0.0
+    """GPUs each trainer worker owns (``--gpus-per-trainer``; 0 = train on CPU with gloo, else NCCL)."""
+    dtype: str = "float32"
+    """Training precision of weights, gradients and AdamW state (float32 on CPU)."""
+    param_dtype: str = ""
+    """FSDP mixed precision: compute dtype of the parameters (empty = `dtype`); bfloat16 on GPUs."""
+    reduce_dtype: str = ""
+    """FSDP mixed precision: dtype gradients are reduced in (empty = the parameters'); float32 with bf16 params."""
+    compute_dtype: str = ""
+    """Autocast the trainer's matmuls to this dtype (``--compute-dtype``; empty = off): weights, gradients and AdamW
+    state stay in `dtype`, so small updates are not rounded away. bfloat16 runs SmolLM2-135M's forward + backward
+    ~1.8x faster on a CPU with AVX512-BF16 (290 vs 160 tokens/s on 2 cores) and is the usual choice on GPUs."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per forward/backward pass (sequences x longest): the memory knob. Samples are packed longest
+    first; one longer than the budget gets a pass of its own. The gradient does not depend on it."""
+    micro_batch_size: int = 0
+    """Optional cap on sequences per forward/backward pass (0 = only the token budget counts)."""
+    gradient_checkpointing: str = "auto"
+    """Recompute each block's activations in the backward: ``on``, ``off``, or ``auto`` (on when the step's
+    estimated peak memory would not fit otherwise; see `agentrl.training.memory`)."""
+    memory_limit_gb: float = 0.0
+    """Memory the training step may use; 0 = the memory available when the run starts. A config whose estimated
+    peak exceeds it fails before the first rollout, naming the setting to change."""
+
+    def __post_init__(self) -> None:
+        _require(self.workers >= 0, "trainer.workers", self.workers, ">= 0 (0 trains in the driver)")
+        _require(self.gpus_per_worker >= 0, "trainer.gpus_per_worker", self.gpus_per_worker, ">= 0")
+        _require(self.dtype in DTYPES, "trainer.dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        for name in ("param_dtype", "reduce_dtype", "compute_dtype"):
+            _require(getattr(self, name) in ("", *DTYPES), f"trainer.{name}", getattr(self, name),
+                     f"empty or one of {', '.join(DTYPES)}")
+        _require(self.workers > 0 or self.gpus_per_worker == 0, "trainer.gpus_per_worker", self.gpus_per_worker,
+                 "0 when trainer.workers is 0 (the driver trains on CPU); set --trainers N to train on GPUs")
+        _require(self.micro_batch_tokens >= 1, "trainer.micro_batch_tokens", self.micro_batch_tokens, ">= 1")
+        _require(self.micro_batch_size >= 0, "trainer.micro_batch_size", self.micro_batch_size, ">= 0 (0 = no cap)")
+        _require(self.gradient_checkpointing in ("on", "off", "auto"), "trainer.gradient_checkpointing",
+                 self.gradient_checkpointing, "on, off or auto")
+        _require(self.memory_limit_gb >= 0, "trainer.memory_limit_gb", self.memory_limit_gb, ">= 0 (0 = available)")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, and how many optimizer steps each rollout batch feeds."""
+
+    lr: float = 2e-5
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 = off)."""
+    n_minibatches: int = 1
+    """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", self.lr, "> 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, ">= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", list(self.betas),
+                 "two numbers in [0, 1), e.g. [0.9, 0.999]")
+        _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, ">= 0 (0 = off)")
+        _require(self.n_minibatches >= 1, "optim.n_minibatches", self.n_minibatches, ">= 1")
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO's overlong treatment of episodes with a reply cut at its per-turn token budget."""
+
+    mode: str = "none"
+    """``filter`` leaves them out of the loss; ``penalize`` subtracts a penalty that ramps over the last
+    `cache_length` tokens of the per-turn budget; ``none``: neither."""
+    cache_length: int = 4096
+    """Penalize: the soft band before the budget where the penalty ramps up (DAPO: 4096 of 20480)."""
+    penalty_factor: float = 1.0
+    """Penalize: the penalty at and beyond the budget."""
+
+    def __post_init__(self) -> None:
+        from agentrl.objective.overlong import OVERLONG_MODES
+
+        _require(self.mode in OVERLONG_MODES, "loss.overlong.mode", self.mode, f"one of {', '.join(OVERLONG_MODES)}")
+        _require(self.cache_length >= 1, "loss.overlong.cache_length", self.cache_length, ">= 1")
+
+
+@dataclass
 class LossConfig:
     """The policy objective (see `agentrl.objective`)."""
 
     name: str = "minirl"
     """A registered policy loss: minirl, grpo, dapo, gspo, cispo, dr_grpo, reinforce."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Loss options (is_cap, eps_low, eps_high, correction, agg, ...); defaults are the loss's own."""
-    advantage: str = "group_mean"
-    """Advantage estimator: group_mean (MiniRL), grpo, loo, low_success_weight, passk, or gigpo (step-level
-    advantages from anchor states shared across the episodes of a task; multi-turn envs)."""
-    advantage_options: dict[str, Any] = field(default_factory=dict)
-    """The estimator's options, e.g. ``{boost: 2.0}`` (low_success_weight), ``{k: 8}`` (passk),
-    ``{gamma: 0.95, step_weight: 1.0, normalize_std: true}`` (gigpo). A group of one response gets advantage 0."""
+    """The loss's own options (is_cap, eps_low, eps_high, correction, agg, ...; each loss owns and checks its names);
+    defaults are the loss's own."""
     bypass: bool = False
     """Bypass mode: pi_old = mu, the rollout's own log-probs; the recompute pass is skipped (strictly on-policy runs:
     the importance ratio is then 1 and the clip acts on pi_theta / mu; kl_k3 reads 0)."""
@@ -228,26 +343,10 @@ class LossConfig:
     of `model` is loaded as the reference only when this or ``options.kl_coef`` is > 0."""
     kl_reward_estimator: str = "k1"
     """Estimator of the reward penalty: k1, k2 or k3."""
-    overlong: dict[str, Any] = field(default_factory=dict)
-    """DAPO overlong treatment of episodes with a reply cut at its token budget: ``{mode: filter}`` leaves them out
-    of the loss; ``{mode: penalize, cache_length: 16, penalty_factor: 1.0}`` subtracts a penalty that ramps over the
-    last `cache_length` tokens of the per-turn budget; empty = neither."""
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: leave out groups whose episodes all got the same reward (zero advantage: they only
     dilute the batch)."""
-    n_minibatches: int = 1
-    """Optimizer updates per rollout batch (1 = on-policy; >1 makes later updates off-policy)."""
-    micro_batch_tokens: int = 8192
-    """Padded tokens per forward/backward pass (sequences x longest): the memory knob. Samples are packed longest
-    first; one longer than the budget gets a pass of its own. The gradient does not depend on it."""
-    micro_batch_size: int = 0
-    """Optional cap on sequences per forward/backward pass (0 = only the token budget counts)."""
-    gradient_checkpointing: str = "auto"
-    """Recompute each block's activations in the backward: ``on``, ``off``, or ``auto`` (on when the step's
-    estimated peak memory would not fit otherwise; see `agentrl.training.memory`)."""
-    memory_limit_gb: float = 0.0
-    """Memory the training step may use; 0 = the memory available when the run starts. A config whose estimated
-    peak exceeds it fails before the first rollout, naming the setting to change."""
     routing_replay: str = "none"
     """MoE Routing Replay: ``none``, ``r2`` (replay the training router's pi_old choices in the updates) or ``r3``
     (replay the experts the inference engine chose at rollout, in the pi_old pass and the updates)."""
@@ -255,33 +354,15 @@ class LossConfig:
     """One training sample per turn instead of merging turns while the token prefix holds."""
 
     def __post_init__(self) -> None:
-        from agentrl.objective import KL_ESTIMATORS, TURN_ESTIMATORS, check_turn_advantage_options, loss_options
+        from agentrl.objective import KL_ESTIMATORS, loss_options
 
         try:  # the loss owns its option names and values: build them once now rather than fail at step 0
             loss_options(self.name, **self.options)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"loss: {e}") from None
-        _require(self.advantage in TURN_ESTIMATORS, "loss.advantage", self.advantage,
-                 f"one of {', '.join(TURN_ESTIMATORS)}")
-        try:
-            check_turn_advantage_options(self.advantage, self.advantage_options)
-        except ValueError as e:
-            raise ConfigError(f"loss.advantage_options: {e}") from None
         _require(self.kl_reward_coef >= 0, "loss.kl_reward_coef", self.kl_reward_coef, ">= 0 (0 = off)")
         _require(self.kl_reward_estimator in KL_ESTIMATORS, "loss.kl_reward_estimator", self.kl_reward_estimator,
                  f"one of {', '.join(KL_ESTIMATORS)}")
-        from agentrl.objective import OverlongConfig
-
-        try:  # max_length is the rollout's per-turn budget, known at set-up: any positive value checks the rest
-            OverlongConfig(**({"max_length": 1 << 30} | dict(self.overlong)))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"loss.overlong: {e}") from None
-        _require(self.n_minibatches >= 1, "loss.n_minibatches", self.n_minibatches, ">= 1")
-        _require(self.micro_batch_tokens >= 1, "loss.micro_batch_tokens", self.micro_batch_tokens, ">= 1")
-        _require(self.micro_batch_size >= 0, "loss.micro_batch_size", self.micro_batch_size, ">= 0 (0 = no cap)")
-        _require(self.gradient_checkpointing in ("on", "off", "auto"), "loss.gradient_checkpointing",
-                 self.gradient_checkpointing, "on, off or auto")
-        _require(self.memory_limit_gb >= 0, "loss.memory_limit_gb", self.memory_limit_gb, ">= 0 (0 = available)")
         _require(self.routing_replay in ROUTING_REPLAY_MODES, "loss.routing_replay", self.routing_replay,
                  f"one of {', '.join(ROUTING_REPLAY_MODES)}")
         _require(self.old_policy_pass in ("auto", "on"), "loss.old_policy_pass", self.old_policy_pass, "auto or on")
@@ -290,24 +371,42 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW."""
+class AdvantageConfig:
+    """The advantage estimator and its options; an option left empty takes the estimator's own default."""
 
-    lr: float = 2e-5
-    """Learning rate."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas."""
-    grad_clip: float = 1.0
-    """Max global gradient norm (0 = off)."""
+    name: str = "group_mean"
+    """group_mean (MiniRL), grpo, loo, low_success_weight, passk, or gigpo (step-level advantages from anchor states
+    shared across the episodes of a task; multi-turn envs). A group of one response gets advantage 0."""
+    boost: float | None = None
+    """low_success_weight: positives are scaled by 1 + boost * (1 - the group's success rate)."""
+    success_threshold: float | None = None
+    """low_success_weight, passk: the reward that counts as a success."""
+    k: int | None = None
+    """passk: the k of pass@k (needs `scheduler.group_size` >= k)."""
+    normalize: bool | None = None
+    """passk: normalise the advantages."""
+    gamma: float | None = None
+    """gigpo: discount of the step returns, in [0, 1]."""
+    step_weight: float | None = None
+    """gigpo: weight of the step-level advantage added to the episode-level one."""
+    normalize_std: bool | None = None
+    """gigpo: divide by the group's standard deviation."""
+    eps: float | None = None
+    """grpo, gigpo: added to the standard deviation."""
+
+    def options(self) -> dict[str, Any]:
+        """The options set here, as the estimator's keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "name" and getattr(self, f.name) is not None}
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", self.lr, "> 0")
-        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, ">= 0")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", list(self.betas),
-                 "two numbers in [0, 1), e.g. [0.9, 0.999]")
-        _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, ">= 0 (0 = off)")
+        from agentrl.objective import TURN_ESTIMATORS, check_turn_advantage_options
+
+        _require(self.name in TURN_ESTIMATORS, "advantage.name", self.name, f"one of {', '.join(TURN_ESTIMATORS)}")
+        try:
+            check_turn_advantage_options(self.name, self.options())
+        except ValueError as e:
+            raise ConfigError(f"advantage: {e}") from None
 
 
 @dataclass
@@ -335,50 +434,22 @@ class GuardConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """Where and how the policy trains (see `agentrl.training`)."""
-
-    workers: int = 0
-    """FSDP2 trainer workers on Ray (``--trainers``); 0 trains in the driver process (one CPU machine)."""
-    gpus_per_worker: float = 0.0
-    """GPUs each trainer worker owns (``--gpus-per-trainer``; 0 = train on CPU with gloo, else NCCL)."""
-    gpus_per_engine: float = 0.0
-    """GPUs each Ray-placed inference engine owns (``--gpus-per-engine``)."""
-    colocate: bool = False
-    """Engines share the trainers' GPUs (sleeping while they train) instead of owning their own."""
-    param_dtype: str = ""
-    """FSDP mixed precision: compute dtype of the parameters (empty = `dtype`); bfloat16 on GPUs."""
-    reduce_dtype: str = ""
-    """FSDP mixed precision: dtype gradients are reduced in (empty = the parameters'); float32 with bf16 params."""
-    compute_dtype: str = ""
-    """Autocast the trainer's matmuls to this dtype (``--compute-dtype``; empty = off): weights, gradients and AdamW
-    state stay in `dtype`, so small updates are not rounded away. bfloat16 runs SmolLM2-135M's forward + backward
-    ~1.8x faster on a CPU with AVX512-BF16 (290 vs 160 tokens/s on 2 cores) and is the usual choice on GPUs."""
-
-    def __post_init__(self) -> None:
-        _require(self.workers >= 0, "trainer.workers", self.workers, ">= 0 (0 trains in the driver)")
-        _require(self.gpus_per_worker >= 0, "trainer.gpus_per_worker", self.gpus_per_worker, ">= 0")
-        _require(self.gpus_per_engine >= 0, "trainer.gpus_per_engine", self.gpus_per_engine, ">= 0")
-        for name in ("param_dtype", "reduce_dtype", "compute_dtype"):
-            _require(getattr(self, name) in ("", *DTYPES), f"trainer.{name}", getattr(self, name),
-                     f"empty or one of {', '.join(DTYPES)}")
-        _require(self.workers > 0 or self.gpus_per_worker == 0, "trainer.gpus_per_worker", self.gpus_per_worker,
-                 "0 when trainer.workers is 0 (the driver trains on CPU); set --trainers N to train on GPUs")
-
-
-@dataclass
 class RunConfig:
-    """Everything `agentrl run` needs; `agentrl run --help` shows the common flags."""
+    """Everything `agentrl run` needs, one section per owner; `agentrl run --help` lists every field."""
 
     model: str = "smollm2-135m"
     """A built-in (smollm2-135m, tiny-qwen3, tiny-qwen3-moe), a local Hugging Face folder, or a hub id."""
     env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    runners: RunnersConfig = field(default_factory=RunnersConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    guard: GuardConfig = field(default_factory=GuardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     steps: int = 20
     """Training steps (one rollout batch each)."""
     seed: int = 0
@@ -390,26 +461,81 @@ class RunConfig:
     """Checkpoint every N steps (and at the end)."""
     save_trajectories: bool = True
     """Append every step's trajectories to output/trajectories.jsonl."""
-    dtype: str = "float32"
-    """Training precision (float32 on CPU)."""
+    ray_address: str | None = None
+    """Ray cluster to join (``auto``, ``ray://host:10001``) for runners, engines and trainer workers; None starts a
+    quiet local Ray when the run needs one."""
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.save_every >= 1, "save_every", self.save_every, ">= 1")
         _require(self.output == "" or bool(self.output.strip()), "output", self.output,
                  "a folder path (or empty for a new runs/<env>-<model>-<time> folder)")
-        _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        _require(not (self.trainer.colocate and self.rollout.async_rollout), "rollout.async_rollout",
-                 self.rollout.async_rollout, "false with trainer.colocate (a colocated engine sleeps while the "
+        _require(not (self.engine.colocate and self.scheduler.async_rollout), "scheduler.async_rollout",
+                 self.scheduler.async_rollout, "false with engine.colocate (a colocated engine sleeps while the "
                  "trainers train, so it cannot roll out meanwhile): drop --async, or use the split layout")
-        if self.loss.advantage == "passk":  # Pass@k compares k episodes of one group: it needs at least k of them
+        if self.advantage.name == "passk":  # Pass@k compares k episodes of one group: it needs at least k of them
             import inspect
 
             from agentrl.objective import ADVANTAGES
 
-            k = self.loss.advantage_options.get("k", inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default)
-            _require(self.rollout.group_size >= k, "rollout.group_size", self.rollout.group_size,
-                     f">= {k} with loss.advantage passk (pass@{k} needs {k} episodes per group)")
+            k = self.advantage.k or inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default
+            _require(self.scheduler.group_size >= k, "scheduler.group_size", self.scheduler.group_size,
+                     f">= {k} with advantage.name passk (pass@{k} needs {k} episodes per group)")
+
+
+MOVED_KEYS: dict[str, str] = {
+    "rollout.prompts_per_step": "scheduler.prompts_per_step",
+    "rollout.group_size": "scheduler.group_size",
+    "rollout.sync_every": "scheduler.sync_every",
+    "rollout.async_rollout": "scheduler.async_rollout",
+    "rollout.max_staleness": "scheduler.max_staleness",
+    "rollout.max_turns": "env.max_turns",
+    "rollout.max_new_tokens": "sampling.max_new_tokens",
+    "rollout.temperature": "sampling.temperature",
+    "rollout.top_p": "sampling.top_p",
+    "rollout.top_k": "sampling.top_k",
+    "rollout.max_context_tokens": "context.max_context_tokens",
+    "rollout.engine": "engine.kind",
+    "rollout.engines": "engine.replicas",
+    "rollout.engine_dtype": "engine.dtype",
+    "rollout.engine_kv_cache_gib": "engine.kv_cache_gib",
+    "rollout.engine_batch_size": "engine.batch_size",
+    "rollout.runners": "runners.count",
+    "rollout.runner_actors": "runners.actors",
+    "rollout.step_timeout": "runners.step_timeout",
+    "rollout.max_episode_retries": "runners.max_episode_retries",
+    "rollout.ray_address": "ray_address",
+    **{f"rollout.{k}": f"context.{k}" for k in ("observation_role", "recap_actions", "chat_family",
+                                                 "max_new_tokens_by_turn", "enable_thinking")},
+    "loss.advantage": "advantage.name",
+    "loss.advantage_options": "advantage (one key per option, e.g. advantage.gamma)",
+    "loss.n_minibatches": "optim.n_minibatches",
+    "loss.micro_batch_tokens": "trainer.micro_batch_tokens",
+    "loss.micro_batch_size": "trainer.micro_batch_size",
+    "loss.gradient_checkpointing": "trainer.gradient_checkpointing",
+    "loss.memory_limit_gb": "trainer.memory_limit_gb",
+    "trainer.gpus_per_engine": "engine.gpus",
+    "trainer.colocate": "engine.colocate",
+    "dtype": "trainer.dtype",
+}
+"""Keys of earlier config layouts and where they live now: a YAML that still uses one fails with one line."""
+
+
+def _moved_key(cls: type, values: dict[str, Any]) -> str | None:
+    """The first key of an earlier layout in `values` (a `cls` mapping), as ``old is now new``; None if none.
+
+    `cls` lists its moved keys in a ``MOVED`` class attribute (RunConfig's is `MOVED_KEYS`).
+    """
+    moved = MOVED_KEYS if cls is RunConfig else getattr(cls, "MOVED", {})
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for old, new in moved.items():  # every key listed is gone from its old place: its presence is the error
+        section, _, leaf = old.rpartition(".")
+        node = values.get(section) if section else values
+        if isinstance(node, dict) and leaf in node:
+            return f"{old} is now {new}"
+    if isinstance(values.get("rollout"), dict) and "rollout" not in fields:
+        return "the rollout section is gone: its keys moved to sampling, engine, runners, scheduler, context and env"
+    return None
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -451,26 +577,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _move_context_keys(values: dict[str, Any]) -> dict[str, Any]:
-    """Move context keys that older configs set under `rollout:` into `context:`.
-
-    A key set in both places with different values is an error naming it.
-    """
-    rollout = values.get("rollout")
-    if not isinstance(rollout, dict) or not any(k in rollout for k in CONTEXT_KEYS):
-        return values
-    context = dict(values.get("context") or {})
-    for key in CONTEXT_KEYS:
-        if key in rollout:
-            if key in context and context[key] != rollout[key]:
-                raise ConfigError(f"context.{key} is set twice, as rollout.{key} and context.{key}: keep one")
-            context[key] = rollout[key]
-    return values | {"rollout": {k: v for k, v in rollout.items() if k not in CONTEXT_KEYS}, "context": context}
-
-
 def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
-    if cls is RunConfig:
-        values = _move_context_keys(values)
+    if (cls is RunConfig or hasattr(cls, "MOVED")) and (moved := _moved_key(cls, values)):
+        raise ConfigError(moved)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
@@ -526,8 +635,11 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
-def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    """Set dotted keys (``"rollout.group_size": 4``), as CLI flags do; None values are skipped."""
+def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Set dotted keys (``"scheduler.group_size": 4``) of a config (`RunConfig`, `SFTConfig`), as CLI flags do.
+
+    None values are skipped; the result is checked as a loaded file is.
+    """
     data = config_to_dict(cfg)
     for dotted, value in overrides.items():
         if value is None:
@@ -537,4 +649,4 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
         for part in parents:
             node = node[part]
         node[leaf] = value
-    return _build(RunConfig, data)
+    return _build(type(cfg), data)

@@ -1,7 +1,7 @@
 """ALFWorld step latency (ours vs the TextWorld engine on the same games) and memory of 32 env runners.
 
 Run: python bench/alfworld_step.py   (the TextWorld column needs textworld[pddl]==1.7.0 and alfworld==0.4.2)
-Writes bench/results/alfworld_step.json.
+Writes docs/results/alfworld_step.json.
 """
 
 import gc
@@ -81,7 +81,7 @@ def main():
     results["rss_32_runners_mib"] = (process.memory_info().rss - before) / 2**20
     results["rss_process_mib"] = process.memory_info().rss / 2**20
 
-    out = Path(__file__).resolve().parent / "results" / "alfworld_step.json"
+    out = Path(__file__).resolve().parents[1] / "docs" / "results" / "alfworld_step.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     for key, value in results.items():

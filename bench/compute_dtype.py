@@ -4,7 +4,7 @@ One SmolLM2-135M training pass (`token_logprobs` forward + backward of every pos
 loss runs it) over `--batch` random-token sequences of each `--lengths`, both precisions alternating in one process
 (`--repeats` each, the first dropped as warm-up), so the ratio is taken on the same machine state. Also reported:
 the largest and mean absolute difference of the bfloat16 log-probs from the float32 ones, and the cosine between the
-two gradients. Results: bench/results/compute_dtype.json.
+two gradients. Results: docs/results/compute_dtype.json.
 
     python bench/compute_dtype.py [--lengths 1024 2048] [--batch 2] [--repeats 3]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def one_pass(model, mb, compute_dtype) -> tuple[float, torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """A confirmatory test of SFT+RL against SFT on fresh held-out tasks, with its size fixed before it runs.
 
     python bench/confirm_rl_gain.py --run runs/learn_multiturn_v3/alfworld --episodes 384 --seed-offset 2000000 \
-        --engine vllm --engine-dtype bfloat16 --results bench/results/confirm_alfworld_v3.json
+        --engine vllm --engine-dtype bfloat16 --results docs/results/confirm_alfworld_v3.json
 
 `learn_multiturn.py` trains and compares on one set of held-out tasks. When that comparison comes out
 "positive, not significant", evaluating more tasks until the interval clears zero is optional stopping: the

@@ -5,7 +5,7 @@ run one after the other as subprocesses, as a user would type them. Reported per
 and rollout seconds over the steps after the first (step 0 has no weight sync and warms caches), the weight-sync
 seconds, KL(mu || pi_old) (k3) and the reward. Load averages are recorded around each run. With `--steps 20` it is
 also the main job's learning curve on both engines: reward and success per step (PNG), and each engine's trend (the
-mean reward of the last five steps minus the first five). Results: bench/results/engine_step_time.json and .png.
+mean reward of the last five steps minus the first five). Results: docs/results/engine_step_time.json and .png.
 
     python bench/engine_step_time.py [--steps 4] [--extra --group-size 4]
 """
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def main() -> None:

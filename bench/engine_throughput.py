@@ -10,7 +10,7 @@ Two workloads, each at 8 and 32 concurrent episodes, in float32 and bfloat16:
 
 tok/s = generated tokens / wall seconds of the workload. The machine is shared: the load average is recorded before
 and after every row, and ratios (vLLM / HF) are taken between rows of the same run. Results:
-bench/results/engine_throughput.json.
+docs/results/engine_throughput.json.
 
     python bench/engine_throughput.py [--model smollm2-135m] [--max-new-tokens 64] [--turns 10]
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def load() -> float:
@@ -66,11 +66,10 @@ def run_single(engine, prompts, concurrency: int, params) -> tuple[int, float]:
 
 
 def run_alfworld(engine, tokenizer, concurrency: int, turns: int, params) -> tuple[int, float, int]:
-    import agentrl
     from agentrl.rollout.loop import run_rollout
-    from agentrl.rollout.pool import LocalPool
+    from agentrl.rollout.pool import EnvMaker, LocalPool
 
-    pool = LocalPool(None, slots=concurrency, make_env=lambda: agentrl.make("alfworld"))
+    pool = LocalPool(EnvMaker("alfworld"), slots=concurrency)
     try:
         result = run_rollout(pool, "alfworld", list(range(concurrency)), 1, engine, tokenizer, params,
                              max_turns=turns)

@@ -2,7 +2,7 @@
 
 The penalties need per-row token statistics `[B, V]` (V = 151k for Qwen3), updated every step; this measures what
 that costs against the same engine, prompts and seed without penalties, in the same run. Writes
-bench/results/eval_penalties.json.
+docs/results/eval_penalties.json.
 
     python bench/eval_penalties.py [--batch 16] [--tokens 32] [--repeats 3]
 """
@@ -48,7 +48,7 @@ def main() -> None:
     result = {"batch": args.batch, "new_tokens": args.tokens, "plain_tokens_per_s": plain,
               "penalties_tokens_per_s": with_penalties, "ratio": with_penalties / plain}
     print(f"plain {plain:.0f} tok/s, with penalties {with_penalties:.0f} tok/s: ratio {result['ratio']:.2f}")
-    out = Path(__file__).resolve().parent / "results" / "eval_penalties.json"
+    out = Path(__file__).resolve().parents[1] / "docs" / "results" / "eval_penalties.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
 

@@ -13,7 +13,7 @@ forward + backward and an AdamW step, `--steps` times, with 1 and with 2 workers
 
 Expect little or no speed-up on a 2-core machine (two workers share the cores the one worker already used, plus the
 gloo traffic); what halves is the per-worker parameter, gradient and optimizer memory. Results go to
-bench/results/fsdp_workers.json.
+docs/results/fsdp_workers.json.
 
     python bench/fsdp_workers.py [--models tiny-qwen3 smollm2-135m] [--steps 3] [--samples 8] [--tokens 128]
 """
@@ -81,7 +81,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--micro", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/fsdp_workers.json"))
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "docs" / "results" / "fsdp_workers.json")
     args = parser.parse_args()
     start_ray(num_cpus=4)
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "models": {}}

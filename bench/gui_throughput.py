@@ -6,7 +6,7 @@ observation alone. Every other row is reported as a ratio against it.
     python bench/gui_throughput.py                 # full run (about a minute and a half on 2 cores)
     python bench/gui_throughput.py --quick         # fewer steps
 
-Results go to bench/results/gui_throughput.json.
+Results go to docs/results/gui_throughput.json.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tqdm import tqdm
 from agentrl.envs.gui import GuiEnv
 from agentrl.envs.gui.render_browser import CHROMIUM, BrowserHost
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def _pss(process: psutil.Process) -> int:

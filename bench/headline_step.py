@@ -8,7 +8,7 @@ generate seconds, tokens/s, env steps/s, and the ratios. Then a projection of a 
 turns, WebShop's budget) from a two-term cost model fitted to the two runs (seconds = a * prefilled tokens + b *
 generated tokens + env seconds), with each episode's context growing by the per-turn growth measured here.
 
-Run: python bench/headline_step.py [--episodes 8] [--turns 4]. Writes bench/results/headline_step.json.
+Run: python bench/headline_step.py [--episodes 8] [--turns 4]. Writes docs/results/headline_step.json.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from agentrl.engine import HFEngine, SamplingParams
+from agentrl.engine import BatchedRequests, HFEngine, SamplingParams
 from agentrl.models import load_model
 from agentrl.rollout.loop import run_rollout
 from agentrl.rollout.pool import EnvMaker, LocalPool
@@ -34,8 +34,8 @@ def play(engine: HFEngine, policy, episodes: int, group: int, turns: int, max_ne
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
     pool = LocalPool(EnvMaker("webshop", {}), slots=episodes)
     load_before, t0 = load(), time.perf_counter()
-    result = run_rollout(pool, "webshop", list(range(episodes // group)), group, engine, policy.tokenizer, sampling,
-                         max_turns=turns, context_options={"family_hint": policy.family})
+    result = run_rollout(pool, "webshop", list(range(episodes // group)), group, BatchedRequests(engine),
+                         policy.tokenizer, sampling, max_turns=turns, context_options={"family_hint": policy.family})
     seconds = time.perf_counter() - t0
     pool.close()
     stats = result.stats
@@ -79,7 +79,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="episodes per task (the run's group_size is 8)")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "headline_step.json")
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "docs" / "results" / "headline_step.json")
     args = parser.parse_args()
     policy = load_model(args.model)
     runs = {}

@@ -6,18 +6,19 @@ held-out tasks (test split, seeds disjoint from training) at the same sampling s
     python bench/learn_math.py --skip-train --run runs/math-smollm2   # only evaluate an existing run
 
 Prints the training curve (success per step), the step and wall times, and base vs trained success with 95%
-intervals; writes bench/results/learn_math.json and the run's curves.png.
+intervals; writes docs/results/learn_math.json and the run's curves.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 from agentrl.config import apply_overrides, load_config
-from agentrl.recipes.evaluate import EvalConfig, evaluate
+from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, evaluate
 from agentrl.recipes.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,9 +44,9 @@ def main() -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
     # Same tasks, same sampler seed, the training temperature (1.0) for both: only the weights differ.
-    common = dict(env_id=cfg.env.id, env_kwargs=dict(cfg.env.kwargs), episodes=args.eval_episodes, ks=(1,),
-                  max_turns=cfg.rollout.max_turns, max_new_tokens=cfg.rollout.max_new_tokens,
-                  sampling_overrides={"temperature": cfg.rollout.temperature, "top_p": 1.0, "top_k": 0})
+    env = dataclasses.replace(cfg.env, seed_offset=EVAL_SEED_OFFSET)
+    common = dict(env=env, episodes=args.eval_episodes, ks=(1,), max_new_tokens=cfg.sampling.max_new_tokens,
+                  sampling_overrides={"temperature": cfg.sampling.temperature, "top_p": 1.0, "top_k": 0})
     results = {}
     for label, model in (("base", cfg.model), ("trained", str(run / "checkpoint"))):
         res = evaluate(EvalConfig(model=model, output=str(run / f"eval_{label}"), **common), progress=True)
@@ -63,7 +64,7 @@ def main() -> None:
     step_s = [r["step_seconds"] for r in rows]
     median = sorted(step_s)[len(step_s) // 2]
     print(f"steps {len(rows)}, step time median {median:.0f} s, train wall {train_wall:.0f} s")
-    out = ROOT / "bench" / "results"
+    out = ROOT / "docs" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "learn_math.json").write_text(json.dumps({"curve": rows, "eval": results, "train_wall_s": train_wall},
                                                     indent=1, default=str))

@@ -13,7 +13,7 @@ Per env, with `configs/<env>-sft.yaml` and `configs/<env>-rl.yaml`:
      bootstrap interval of SFT+RL minus SFT (the same tasks on both sides).
 Every phase runs in its own process with a wall-clock limit: its wall time and peak resident memory (the process
 tree's, sampled) are recorded. From the runs: mean turns and tokens per episode, the rollout share of RL step time,
-and the tokens the trainer processes per episode. Writes bench/results/learn_multiturn.json and a PNG per env.
+and the tokens the trainer processes per episode. Writes docs/results/learn_multiturn.json and a PNG per env.
 
 ``--tokens-only`` measures what the trainer pays per episode against the number of turns, with no model: expert
 ALFWorld episodes stretched to 10/25/50 turns (a ``look`` between expert actions) rendered as merged samples (ChatML),
@@ -35,7 +35,7 @@ import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "results"
+OUT = ROOT / "docs" / "results"
 
 
 def _tree_rss_mb(proc: psutil.Process) -> float:
@@ -97,12 +97,11 @@ def _trainer_tokens(trajectories_path: Path, per_turn: bool) -> dict:
 def eval_command(sft_cfg: dict, rl_cfg: dict, episodes: int, engine: str, engine_dtype: str) -> list[str]:
     """`agentrl eval` arguments for a recipe's held-out tasks: its env arguments, turn and token budgets, sampler
     seed 0 (``--model``, ``--output`` and ``--seed-offset`` are the caller's)."""
-    rollout = rl_cfg.get("rollout", {})
     kwargs = [a for k, v in sft_cfg.get("env", {}).get("kwargs", {}).items() if k != "split"
               for a in ("--env-arg", f"{k}={json.dumps(v)}")]
     command = ["eval", "--env", sft_cfg["env"]["id"], "--episodes", str(episodes), "--seed", "0",
-               "--max-turns", str(rollout.get("max_turns", 50)),
-               "--max-new-tokens", str(rollout.get("max_new_tokens", 64)), *kwargs]
+               "--max-turns", str(rl_cfg.get("env", {}).get("max_turns", 50)),
+               "--max-new-tokens", str(rl_cfg.get("sampling", {}).get("max_new_tokens", 64)), *kwargs]
     if engine:
         command += ["--engine", engine]
     if engine_dtype:
@@ -127,8 +126,7 @@ def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:
         sft_cfg["model"] = args.model
     rl_cfg |= {"output": str(rl_dir), "model": str(sft_dir / "checkpoint"), "save_every": 1}
     if args.engine:
-        rl_cfg["rollout"] = dict(rl_cfg.get("rollout", {})) | {"engine": args.engine,
-                                                              "engine_dtype": args.engine_dtype}
+        rl_cfg["engine"] = dict(rl_cfg.get("engine", {})) | {"kind": args.engine, "dtype": args.engine_dtype}
     if args.rl_steps:
         rl_cfg["steps"] = args.rl_steps
     (run / "sft.yaml").write_text(yaml.safe_dump(sft_cfg, sort_keys=False))

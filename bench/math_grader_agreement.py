@@ -11,7 +11,7 @@ checkout (``PYTHONPATH=/path/to/checkout``) to measure an older version: without
 ``extract_answer`` + ``answers_match``, the API that version had.
 
 Usage: ``python bench/math_grader_agreement.py [--show-disagreements]``.
-Writes ``bench/results/math_grader_agreement.json``.
+Writes ``docs/results/math_grader_agreement.json``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import agentrl.envs.math as math_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "data" / "math_grader_cases.jsonl"
-RESULTS = ROOT / "bench" / "results" / "math_grader_agreement.json"
+RESULTS = ROOT / "docs" / "results" / "math_grader_agreement.json"
 
 
 def load_cases(path: Path = CASES) -> list[dict]:

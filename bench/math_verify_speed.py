@@ -5,7 +5,7 @@ signal-based timeouts, i.e. ``verify(parse(gold), parse(pred))``. We report our 
 for numeric answers (GSM8K golds vs extracted model answers) and for symbolic answers (LaTeX), both on the main
 thread and from a worker thread (where the baseline cannot run at all).
 
-Usage: ``python bench/math_verify_speed.py [--n 2000]``. Writes ``bench/results/math_verify_speed.json``.
+Usage: ``python bench/math_verify_speed.py [--n 2000]``. Writes ``docs/results/math_verify_speed.json``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from agentrl.envs.math import MathEnv, answers_match, load_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_TEST = ROOT / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
-RESULTS = ROOT / "bench" / "results" / "math_verify_speed.json"
+RESULTS = ROOT / "docs" / "results" / "math_verify_speed.json"
 
 SYMBOLIC = [
     (r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt3}{2}"),

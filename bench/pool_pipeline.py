@@ -28,7 +28,7 @@ too stale counts as idle), over the whole run: rollout is the bottleneck the pip
 trainer is sized to keep up: `--train-fraction`). The device-weighted figure (8 x rollout + 2 x trainer) / 10 is
 reported beside it. The baseline for the ratios is sync 1 in the same run, for each batch size (episodes per step;
 more episodes per step give a long-tailed episode more time before it is too stale). Results go to
-bench/results/pool_pipeline.json (pool_pipeline_measured_turns_from_*.json with ``--trajectories``).
+docs/results/pool_pipeline.json (pool_pipeline_measured_turns_from_*.json with ``--trajectories``).
 
     python bench/pool_pipeline.py [--steps 200] [--seeds 3] [--batch 32 64 128]
 """
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Two ways of sending calls, measured in the same run: ``batched`` (the default: o
 scheduling round, results streamed back) and ``per_call`` (one Ray call per env call, the behaviour before
 batching): the ratio batched / per_call is the gain. Baselines also measured in the same run: the in-process pool
 (``runners=0``, serial) for steps/s, and the runner processes at the fewest runners for memory. Results go to
-bench/results/pool_throughput.json.
+docs/results/pool_throughput.json.
 
     python bench/pool_throughput.py [--seconds 4] [--runners 1 4 16 32]
 """
@@ -28,7 +28,7 @@ from tqdm import tqdm
 from agentrl.env import TextEnv
 from agentrl.rollout.pool import EnvFailure, EnvMaker, LocalPool, RayPool, start_ray
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 class SleepyEnv(TextEnv):

@@ -1,7 +1,7 @@
 """Per-turn context cost at turn 50 vs turn 1 when the prefix holds: ours (render only the new messages) against a
 baseline that re-renders and re-tokenizes the whole history every turn. Target: ours <= 1.5.
 
-Run: python bench/templates_context.py [--turns 50] [--repeats 20]. Writes bench/results/templates_context.json.
+Run: python bench/templates_context.py [--turns 50] [--repeats 20]. Writes docs/results/templates_context.json.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def turn_costs(cls, tok, family: str, turns: int, reply: list[int], observation:
 
 
 def main() -> None:
-    """Measure and print the ratios; save them under bench/results/."""
+    """Measure and print the ratios; save them under docs/results/."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=20)
@@ -63,7 +63,7 @@ def main() -> None:
               f"   ratio {r['ratio']:.2f}")
     print(f"baseline / ours at turn {args.turns}: "
           f"{results['baseline'][f'turn{args.turns}_us'] / results['ours'][f'turn{args.turns}_us']:.1f}x")
-    out = Path(__file__).resolve().parent / "results" / "templates_context.json"
+    out = Path(__file__).resolve().parents[1] / "docs" / "results" / "templates_context.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
 

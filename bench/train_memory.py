@@ -27,7 +27,7 @@ import textwrap
 import time
 from pathlib import Path
 
-OUT = Path(__file__).parent / "results"
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 STEP = textwrap.dedent("""
     import json, resource, sys, time, torch

@@ -9,11 +9,11 @@ two samples per micro-batch, bfloat16 autocast (`--compute-dtype`). Three ways, 
   ``loss.old_policy_pass: on``.
 * ``fused``: the update alone, its detached log-probs standing for pi_old (``auto``, one mini-batch).
 * ``fused_skip``: as ``fused`` with half the samples at advantage 0, which skip their passes
-  (`agentrl.recipes.train.gradient_members`); the recompute path trains all of them.
+  (`agentrl.training.step.gradient_members`); the recompute path trains all of them.
 
 Each way starts from the same weights and AdamW state, and the updated weights are compared with ``recompute``'s
 (``fused`` must match to float noise; ``fused_skip`` too, since the zero-advantage samples add exactly nothing).
-Results: bench/results/trainer_step_passes.json.
+Results: docs/results/trainer_step_passes.json.
 
     python bench/trainer_step_passes.py [--samples 4] [--length 2048] [--repeats 3]
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def main() -> None:
@@ -44,11 +44,11 @@ def main() -> None:
 
     from agentrl.models import load_model
     from agentrl.objective import policy_loss
-    from agentrl.recipes.train import gradient_members
     from agentrl.records import Sample
     from agentrl.training.backend import PolicyObjective, ScoreRequest, UpdateRequest
     from agentrl.training.microbatch import collate
     from agentrl.training.single import SingleProcessBackend
+    from agentrl.training.step import gradient_members
 
     policy = load_model(args.model)
     backend = SingleProcessBackend(policy, lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0,

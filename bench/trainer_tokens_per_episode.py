@@ -16,7 +16,7 @@ Alongside: what the rollout engine prefills per episode with and without prefix 
 Episodes are synthetic ALFWorld-like exchanges (the env's real system prompt, observations of ~50 tokens, replies
 of ~10 tokens plus a short <think> span for Qwen3) driven through the real tokenizers; no model is needed.
 
-Run: python bench/trainer_tokens_per_episode.py [--turns 10 25 50]. Writes bench/results/trainer_tokens_per_episode
+Run: python bench/trainer_tokens_per_episode.py [--turns 10 25 50]. Writes docs/results/trainer_tokens_per_episode
 .json and .png and prints the table.
 """
 
@@ -135,7 +135,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[10, 25, 50])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "results")
     args = parser.parse_args()
     rows = []
     for tok_name, layout, tok, options in layouts():

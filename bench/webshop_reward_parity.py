@@ -10,7 +10,7 @@ report the rate, the same rate with the dependency-free noun heuristic, and, wit
 an older ``reward.py`` (e.g. ``git show <rev>:envs/webshop/reward.py > /tmp/old_reward.py``).
 
 Usage: ``python bench/webshop_reward_parity.py [--purchases 10000] [--products 2000]``.
-Writes ``bench/results/webshop_reward_parity.json``.
+Writes ``docs/results/webshop_reward_parity.json``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from webshop_reference import generate_purchases, ref_get_reward  # noqa: E402
 
 from agentrl.envs.webshop import reward  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "webshop_reward_parity.json"
+RESULTS = ROOT / "docs" / "results" / "webshop_reward_parity.json"
 KINDS = ("expert", "partial options", "same query", "random product", "over budget", "respelled synthetic",
          "respelled human")
 

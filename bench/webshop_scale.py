@@ -20,7 +20,7 @@ process maps) with psutil's ``memory_full_info``, and the anonymous (heap) part 
 layouts get a baseline of as many bare processes (same imports, no catalogue) measured in the same run; a layout's
 WebShop-attributable PSS is its PSS minus that baseline. The issue's target: 32 runners <= 1.3x one runner.
 The benchmark's parent process never maps the catalogue, so it does not take a share of the children's PSS.
-Results go to bench/results/webshop_scale.json.
+Results go to docs/results/webshop_scale.json.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 MIB = 2**20
 
 

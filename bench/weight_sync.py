@@ -9,7 +9,7 @@ hidden 1280, 24 layers). Paths, each timed `--repeats` times (median reported), 
 * ``vllm_actor``: one vLLM engine Ray actor: the tensors go into the object store once, the actor reloads them.
 
 The HF shared-module path (lockstep on one process) costs nothing and is not timed. Results:
-bench/results/weight_sync.json.
+docs/results/weight_sync.json.
 
     python bench/weight_sync.py [--repeats 3] [--sizes 135m 0.5b]
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def half_billion(tokenizer):

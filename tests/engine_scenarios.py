@@ -11,10 +11,9 @@ def rollout_killing_replica_0(pool, tokenizer):
     """
     import ray
 
-    import agentrl
     from agentrl.engine import SamplingParams
     from agentrl.rollout.loop import run_rollout
-    from agentrl.rollout.pool import LocalPool
+    from agentrl.rollout.pool import EnvMaker, LocalPool
 
     killed = []
 
@@ -24,7 +23,7 @@ def rollout_killing_replica_0(pool, tokenizer):
             killed.append(True)
             ray.kill(pool.actor_handle(0), no_restart=False)
 
-    env_pool = LocalPool(None, slots=1 << 10, make_env=lambda: agentrl.make("alfworld"))
+    env_pool = LocalPool(EnvMaker("alfworld"), slots=1 << 10)
     result = run_rollout(env_pool, "alfworld", [0, 1, 2], 2, pool, tokenizer,
                          SamplingParams(max_new_tokens=6, seed=1), max_turns=3, on_progress=kill_once)
     return result, bool(killed)

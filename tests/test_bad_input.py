@@ -98,12 +98,12 @@ def test_alfworld_accepts_one_bare_task_type():
 
 @pytest.mark.parametrize("args, fragments", [
     (["--steps", "-1"], ["steps must be >= 1, got -1"]),
-    (["--group-size", "0"], ["rollout.group_size must be >= 1, got 0"]),
-    (["--prompts-per-step", "0"], ["rollout.prompts_per_step must be >= 1"]),
-    (["--runners", "-1"], ["rollout.runners must be >= 0, got -1"]),
-    (["--max-turns", "0"], ["rollout.max_turns must be >= 1"]),
-    (["--max-new-tokens", "0"], ["rollout.max_new_tokens must be >= 1"]),
-    (["--sync-every", "0"], ["rollout.sync_every must be >= 1"]),
+    (["--group-size", "0"], ["scheduler.group_size must be >= 1, got 0"]),
+    (["--prompts-per-step", "0"], ["scheduler.prompts_per_step must be >= 1"]),
+    (["--runners", "-1"], ["runners.count must be >= 0 (0 = in-process), got -1"]),
+    (["--max-turns", "0"], ["env.max_turns must be >= 1"]),
+    (["--max-new-tokens", "0"], ["sampling.max_new_tokens must be >= 1"]),
+    (["--sync-every", "0"], ["scheduler.sync_every must be >= 1"]),
     (["--lr", "-1"], ["optim.lr must be > 0"]),
     (["--loss", "nosuch"], ["unknown policy loss 'nosuch'", "minirl"]),
     (["--model", "tiny-qwen"], ["unknown model 'tiny-qwen'", "Did you mean 'tiny-qwen3'"]),
@@ -117,23 +117,27 @@ def test_run_bad_flags(tmp_path, args, fragments):
 
 
 @pytest.mark.parametrize("text, fragments", [
-    ("rollout: {group_sz: 4}\n", ["unknown config key rollout.'group_sz'", "Did you mean 'group_size'"]),
-    ("rollout: {group_size: four}\n", ["rollout.group_size: expected int, got 'four'"]),
-    ("rollout: {enable_thinking: maybe}\n", ["context.enable_thinking: expected bool"]),
-    ("rollout: {observation_role: robot}\n", ["context.observation_role must be one of user, tool"]),
-    ("rollout: {chat_family: xyz}\n", ["context.chat_family", "qwen3"]),
-    ("rollout: {temperature: 0}\n", ["rollout.temperature must be > 0"]),
-    ("rollout: {group_size: 4\n", ["not valid YAML", "line 2"]),
+    ("scheduler: {group_sz: 4}\n", ["unknown config key scheduler.'group_sz'", "Did you mean 'group_size'"]),
+    ("scheduler: {group_size: four}\n", ["scheduler.group_size: expected int, got 'four'"]),
+    ("context: {enable_thinking: maybe}\n", ["context.enable_thinking: expected bool"]),
+    ("context: {observation_role: robot}\n", ["context.observation_role must be one of user, tool"]),
+    ("context: {chat_family: xyz}\n", ["context.chat_family", "qwen3"]),
+    ("sampling: {temperature: 0}\n", ["sampling.temperature must be > 0"]),
+    ("scheduler: {group_size: 4\n", ["not valid YAML", "line 2"]),
+    ("rollout: {group_size: 4}\n", ["rollout.group_size is now scheduler.group_size"]),
+    ("rollout: {engine: vllm}\n", ["rollout.engine is now engine.kind"]),
+    ("loss: {micro_batch_tokens: 512}\n", ["loss.micro_batch_tokens is now trainer.micro_batch_tokens"]),
     ("loss: {options: {eps_hi: 0.3}}\n", ["unknown option(s) 'eps_hi'", "eps_high"]),
     ("loss: {options: {eps_high: abc}}\n", ["eps_high must be a number, got 'abc'"]),
     ("loss: {options: 5}\n", ["loss.options: expected a mapping"]),
-    ("loss: {advantage: nosuch}\n", ["loss.advantage must be one of", "group_mean"]),
+    ("advantage: {name: nosuch}\n", ["advantage.name must be one of", "group_mean"]),
     ("loss: {routing_replay: r4}\n", ["loss.routing_replay must be one of none, r2, r3"]),
     ("env: {kwargs: 5}\n", ["env.kwargs: expected a mapping"]),
     ("env: {seed_offset: -1}\n", ["env.seed_offset must be >= 0"]),
     ("optim: {betas: [0.9]}\n", ["optim.betas: expected a list of 2 values"]),
     ("guard: {action: explode}\n", ["guard.action must be one of stop, rollback"]),
-    ("dtype: float64x\n", ["dtype must be one of float32"]),
+    ("trainer: {dtype: float64x}\n", ["trainer.dtype must be one of float32"]),
+    ("dtype: float32\n", ["dtype is now trainer.dtype"]),
     ("save_every: 0\n", ["save_every must be >= 1"]),
     ("- just\n- a list\n", ["the top level must be a mapping"]),
 ])
@@ -144,9 +148,9 @@ def test_run_bad_config_file(tmp_path, yaml_file, text, fragments):
 
 
 def test_run_passk_needs_big_enough_groups(tmp_path, yaml_file):
-    config = yaml_file("loss: {advantage: passk}\n")
+    config = yaml_file("advantage: {name: passk}\n")
     assert_clean_failure(*cli("run", *TINY_RUN, "--config", config, "--output", str(tmp_path / "run")),
-                         "rollout.group_size must be >= 4 with loss.advantage passk")
+                         "scheduler.group_size must be >= 4 with advantage.name passk")
 
 
 def test_run_missing_config_and_unusable_output(tmp_path):
@@ -234,7 +238,7 @@ def agentrl(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, fragment", [
     (["play", "--env", "math", "--env-arg", "level=99"], "level must be one of"),
-    (["run", "--group-size", "0", "--steps", "1"], "rollout.group_size must be >= 1"),
+    (["run", "--group-size", "0", "--steps", "1"], "scheduler.group_size must be >= 1"),
     (["run", "--model", "tiny-qwen", "--steps", "1"], "Did you mean 'tiny-qwen3'"),
 ])
 def test_subprocess_errors_reach_the_terminal_without_traceback(tmp_path, args, fragment):

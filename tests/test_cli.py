@@ -62,7 +62,7 @@ def test_run_unknown_model_lists_builtins(tmp_path):
 
 def test_run_unknown_config_key_is_named(tmp_path):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("rollout:\n  group_sise: 4\n")
+    cfg.write_text("scheduler:\n  group_sise: 4\n")
     out = agentrl("run", "--config", str(cfg))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "group_sise" in out.stderr and "group_size" in out.stderr

@@ -29,14 +29,16 @@ def test_env_defaults_belong_to_the_env(tmp_path):
 
 
 def test_advantage_options_come_from_the_config(tmp_path):
-    cfg = load_config(_yaml(tmp_path, "loss: {advantage: low_success_weight, advantage_options: {boost: 2.0}}\n"))
-    assert cfg.loss.advantage_options == {"boost": 2.0}
-    gigpo = load_config(_yaml(tmp_path, "loss: {advantage: gigpo, advantage_options: {gamma: 0.9, step_weight: 0.5}}"))
-    assert gigpo.loss.advantage == "gigpo"
-    with pytest.raises(ConfigError, match="loss.advantage_options.*unknown option.*'bost'.*valid options: boost"):
-        load_config(_yaml(tmp_path, "loss: {advantage: low_success_weight, advantage_options: {bost: 2.0}}\n"))
-    with pytest.raises(ConfigError, match="rollout.group_size must be >= 8 with loss.advantage passk"):
-        load_config(_yaml(tmp_path, "rollout: {group_size: 4}\nloss: {advantage: passk, advantage_options: {k: 8}}\n"))
+    cfg = load_config(_yaml(tmp_path, "advantage: {name: low_success_weight, boost: 2.0}\n"))
+    assert cfg.advantage.options() == {"boost": 2.0}
+    gigpo = load_config(_yaml(tmp_path, "advantage: {name: gigpo, gamma: 0.9, step_weight: 0.5}"))
+    assert gigpo.advantage.name == "gigpo" and gigpo.advantage.options() == {"gamma": 0.9, "step_weight": 0.5}
+    with pytest.raises(ConfigError, match="unknown config key advantage.'bost'.*Did you mean 'boost'"):
+        load_config(_yaml(tmp_path, "advantage: {name: low_success_weight, bost: 2.0}\n"))
+    with pytest.raises(ConfigError, match="advantage: unknown option.*'gamma'.*low_success_weight"):
+        load_config(_yaml(tmp_path, "advantage: {name: low_success_weight, gamma: 0.5}\n"))
+    with pytest.raises(ConfigError, match="scheduler.group_size must be >= 8 with advantage.name passk"):
+        load_config(_yaml(tmp_path, "scheduler: {group_size: 4}\nadvantage: {name: passk, k: 8}\n"))
     with pytest.raises(ConfigError, match="loss.kl_reward_estimator must be one of k1, k2, k3"):
         load_config(_yaml(tmp_path, "loss: {kl_reward_coef: 0.1, kl_reward_estimator: k9}\n"))
 
@@ -69,8 +71,8 @@ def test_no_two_agentrl_modules_import_each_other():
 
 
 def test_colocated_engines_with_async_rollouts_are_refused_with_the_fix():
-    from agentrl.config import ConfigError, RolloutConfig, RunConfig, TrainerConfig
+    from agentrl.config import ConfigError, EngineConfig, RunConfig, SchedulerConfig, TrainerConfig
 
-    with pytest.raises(ConfigError, match="rollout.async_rollout.*colocate.*drop --async"):
-        RunConfig(rollout=RolloutConfig(async_rollout=True), trainer=TrainerConfig(workers=1, gpus_per_worker=1,
-                                                                                   colocate=True))
+    with pytest.raises(ConfigError, match="scheduler.async_rollout.*colocate.*drop --async"):
+        RunConfig(scheduler=SchedulerConfig(async_rollout=True), engine=EngineConfig(colocate=True),
+                  trainer=TrainerConfig(workers=1, gpus_per_worker=1))

@@ -6,9 +6,9 @@ import pytest
 
 import agentrl
 from agentrl.chat.context import ChatContext
-from agentrl.config import ConfigError, ContextConfig, RunConfig, apply_overrides, load_config
+from agentrl.config import ConfigError, ContextConfig, EngineConfig, EnvConfig, RunConfig, apply_overrides, load_config
 from agentrl.models import load_model
-from agentrl.recipes.evaluate import EvalConfig, evaluate, training_context, training_env_kwargs
+from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, evaluate
 from agentrl.recipes.train import train
 from agentrl.records import load_trajectories
 
@@ -33,16 +33,17 @@ def _replay(tokenizer, family: str, context: ContextConfig, traj) -> list[tuple[
 def test_eval_of_a_run_builds_the_runs_prompts_byte_for_byte(tmp_path):
     cfg = apply_overrides(RunConfig(), {
         "model": "tiny-qwen3", "env.id": "math", "env.kwargs": ENV, "steps": 1, "output": str(tmp_path / "run"),
-        "rollout.prompts_per_step": 1, "rollout.group_size": 2, "rollout.max_new_tokens": 6, "guard.enabled": False,
+        "scheduler.prompts_per_step": 1, "scheduler.group_size": 2, "sampling.max_new_tokens": 6,
+        "guard.enabled": False,
         **{f"context.{k}": v for k, v in CONTEXT.items()},
     })
     run = train(cfg, progress=False)
-    assert training_context(str(run / "checkpoint")) == ContextConfig(**CONTEXT)  # recorded with the run
 
-    results = evaluate(EvalConfig(env_id="math", model=str(run / "checkpoint"), episodes=2, env_kwargs=ENV,
-                                  max_turns=3, max_new_tokens=6, engine_batch_size=4, output=str(tmp_path / "eval"),
+    results = evaluate(EvalConfig(model=str(run / "checkpoint"), env=_eval_env(kwargs=ENV), episodes=2,
+                                  max_new_tokens=6, engine=EngineConfig(batch_size=4), output=str(tmp_path / "eval"),
                                   transcripts=0), progress=False)  # fmt: skip
     assert results["context"]["source"] == "training run (config.yaml)"
+    assert {k: results["context"][k] for k in CONTEXT} == CONTEXT  # the context recorded with the run
     policy = load_model(str(run / "checkpoint"))
     trained = load_trajectories(run / "trajectories.jsonl")
     evaluated = load_trajectories(tmp_path / "eval" / "trajectories.jsonl")
@@ -57,23 +58,32 @@ def test_eval_of_a_run_builds_the_runs_prompts_byte_for_byte(tmp_path):
                for t in evaluated)  # the settings matter: the default context builds other prompts
 
     # The run's env arguments too: with no --env-arg the checkpoint is evaluated on the env it trained on ...
-    assert training_env_kwargs(str(run / "checkpoint"), "math") == ENV
-    assert training_env_kwargs(str(run / "checkpoint"), "gui") == {}  # another env: nothing carries over
-    again = evaluate(EvalConfig(env_id="math", model=str(run / "checkpoint"), episodes=1, max_turns=3,
+    again = evaluate(EvalConfig(model=str(run / "checkpoint"), env=_eval_env(), episodes=1,
                                 max_new_tokens=6, output=str(tmp_path / "eval2"), transcripts=0), progress=False)
     assert again["env"]["kwargs"] == ENV | {"split": "test"}  # the held-out split, as eval always chooses
     # ... and --env-arg still wins, key by key.
-    override = evaluate(EvalConfig(env_id="math", model=str(run / "checkpoint"), episodes=1,
-                                   env_kwargs={"max_turns": 2}, max_turns=3, max_new_tokens=6,
-                                   output=str(tmp_path / "eval3"), transcripts=0), progress=False)
+    override = evaluate(EvalConfig(model=str(run / "checkpoint"), env=_eval_env(kwargs={"max_turns": 2}), episodes=1,
+                                   max_new_tokens=6, output=str(tmp_path / "eval3"), transcripts=0), progress=False)
     assert override["env"]["kwargs"] == ENV | {"max_turns": 2, "split": "test"}
+    # ... and on another env nothing carries over (math's arguments would not even construct the phone).
+    other = evaluate(EvalConfig(model=str(run / "checkpoint"), env=_eval_env(id="gui", max_turns=1), episodes=1,
+                                max_new_tokens=2, output=str(tmp_path / "eval4"), transcripts=0), progress=False)
+    assert other["env"]["kwargs"] == {}
 
 
-def test_legacy_rollout_keys_still_load(tmp_path):
+def test_keys_of_the_old_layout_fail_with_their_new_place(tmp_path):
     path = tmp_path / "old.yaml"
     path.write_text("rollout: {observation_role: tool, recap_actions: 2, group_size: 4}\n")
-    cfg = load_config(path)
-    assert (cfg.context.observation_role, cfg.context.recap_actions, cfg.rollout.group_size) == ("tool", 2, 4)
-    path.write_text("rollout: {observation_role: tool}\ncontext: {observation_role: user}\n")
-    with pytest.raises(ConfigError, match="context.observation_role is set twice"):
+    with pytest.raises(ConfigError, match=r"^\S+old.yaml: rollout.group_size is now scheduler.group_size$"):
         load_config(path)
+    path.write_text("rollout: {observation_role: tool}\n")
+    with pytest.raises(ConfigError, match="rollout.observation_role is now context.observation_role"):
+        load_config(path)
+    path.write_text("context: {observation_role: tool, recap_actions: 2}\nscheduler: {group_size: 4}\n")
+    cfg = load_config(path)
+    assert (cfg.context.observation_role, cfg.context.recap_actions, cfg.scheduler.group_size) == ("tool", 2, 4)
+
+
+def _eval_env(**fields) -> EnvConfig:
+    """An eval's env section: math on the held-out seeds, 3 model calls, unless `fields` say otherwise."""
+    return EnvConfig(**({"id": "math", "seed_offset": EVAL_SEED_OFFSET, "max_turns": 3} | fields))

@@ -116,7 +116,7 @@ def test_shared_module_is_an_explicit_choice(tiny_qwen3):
 
 
 def test_batched_requests_group_by_settings_and_tag_versions(tiny_qwen3):
-    from agentrl.engine import EngineRequest, as_request_engine
+    from agentrl.engine import BatchedRequests, EngineRequest
 
     tok = tiny_qwen3.tokenizer
     eng = HFEngine(tiny_qwen3.model, tok, share_module=True)
@@ -124,7 +124,7 @@ def test_batched_requests_group_by_settings_and_tag_versions(tiny_qwen3):
     calls = []
     generate = eng.generate
     eng.generate = lambda prompts, params: calls.append(len(prompts)) or generate(prompts, params)
-    req = as_request_engine(eng)
+    req = BatchedRequests(eng)
     for i, budget in enumerate([4, 4, 6]):
         req.submit(EngineRequest(i, tuple(prompt(tok, f"q{i}")), SamplingParams(max_new_tokens=budget, seed=i)))
     results = sorted(req.poll(), key=lambda r: r.request_id)

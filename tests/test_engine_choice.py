@@ -3,10 +3,10 @@ CPU build, is in test_vllm.py; these run with or without vLLM installed."""
 
 import pytest
 
-from agentrl.config import ConfigError, RolloutConfig
+from agentrl.config import ConfigError, EngineConfig
 from agentrl.engine import choose_engine
 from agentrl.engine import vllm as vllm_module
-from agentrl.recipes.evaluate import EvalConfig, EvalError
+from agentrl.recipes.evaluate import EvalConfig
 
 
 def test_auto_falls_back_to_hf_with_the_reason_when_vllm_cannot_import(tiny_qwen3, monkeypatch):
@@ -25,8 +25,8 @@ def test_named_engines_are_taken_as_asked(tiny_qwen3, monkeypatch):
 
 
 def test_auto_is_the_default_and_a_misspelt_engine_is_refused_with_the_choices(tmp_path):
-    assert RolloutConfig().engine == "auto" and EvalConfig(env_id="math", model="m").engine == "auto"
-    with pytest.raises(ConfigError, match="rollout.engine must be auto, hf or vllm, got 'vlm'"):
-        RolloutConfig(engine="vlm")
-    with pytest.raises(EvalError, match="--engine must be auto, hf or vllm, got 'vlm'"):
-        EvalConfig(env_id="math", model="m", engine="vlm").validate()
+    assert EngineConfig().kind == "auto" and EvalConfig(model="m").engine.kind == "auto"
+    with pytest.raises(ConfigError, match="engine.kind must be auto, hf or vllm, got 'vlm'"):
+        EngineConfig(kind="vlm")
+    with pytest.raises(ConfigError, match="engine.replicas must be >= 1"):
+        EvalConfig(model="m", engine=EngineConfig(replicas=0))

@@ -200,10 +200,10 @@ def test_engine_metrics_report_prefix_reuse_since_the_previous_call_under_the_sh
 def test_kv_cache_is_sized_for_every_episode_in_flight():
     from transformers import LlamaConfig
 
-    from agentrl.config import RolloutConfig, RunConfig
+    from agentrl.config import ContextConfig, EngineConfig, RunConfig, SamplingConfig, SchedulerConfig
     from agentrl.engine.kv_cache import kv_bytes_per_token, size_kv_cache
     from agentrl.models import LoadedModel
-    from agentrl.recipes.train import rollout_kv_cache_gib
+    from agentrl.recipes.setup import rollout_kv_cache_gib
 
     # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 4 bytes = 46,080 bytes a token in fp32.
     smol = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
@@ -217,9 +217,10 @@ def test_kv_cache_is_sized_for_every_episode_in_flight():
 
     policy = LoadedModel("smol-shape", torch.nn.Module(), None)
     policy.model.config = smol
-    rollout = RolloutConfig(prompts_per_step=4, group_size=8, max_context_tokens=4096, max_new_tokens=64,
-                            engine_dtype="bfloat16", engines=2)
-    gib, _ = rollout_kv_cache_gib(RunConfig(rollout=rollout), policy, available_bytes=20 * 2**30)
+    cfg = RunConfig(scheduler=SchedulerConfig(prompts_per_step=4, group_size=8),
+                    context=ContextConfig(max_context_tokens=4096), sampling=SamplingConfig(max_new_tokens=64),
+                    engine=EngineConfig(dtype="bfloat16", replicas=2))
+    gib, _ = rollout_kv_cache_gib(cfg, policy, available_bytes=20 * 2**30)
     assert gib == pytest.approx(16 * 4160 * 23_040 / 2**30)  # 16 episodes per replica, bf16
-    fixed = RunConfig(rollout=RolloutConfig(engine_kv_cache_gib=1.5))
+    fixed = RunConfig(engine=EngineConfig(kv_cache_gib=1.5))
     assert rollout_kv_cache_gib(fixed, policy) == (1.5, "")

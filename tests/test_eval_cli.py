@@ -62,3 +62,27 @@ def test_eval_through_the_ray_runner_pool(tmp_path):
     results = json.loads((out_dir / "results.json").read_text())
     assert len(results["episodes"]) == 2 and all(e["turns"] == 2 for e in results["episodes"])
     assert results["env"]["split"] == "valid_unseen"
+
+
+def test_eval_with_two_engine_replicas_as_ray_actors(tmp_path):
+    """`--engines 2`: engine actors from `build_engines`, as `agentrl run --engines 2` builds them, in the RL loop.
+
+    ``--engine hf`` keeps it short (two vLLM actors take three times as long here); the loop is the same for both.
+    """
+    out_dir = tmp_path / "eval"
+    out = agentrl("eval", "--env", "math", "--model", "tiny-qwen3-h64", "--engine", "hf", "--engines", "2",
+                  "--episodes", "4", "--k", "1", "--max-new-tokens", "8", "--output", str(out_dir))
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["engine"] == {"kind": "hf", "dtype": "model", "engines": 2}
+    assert sorted(e["seed"] for e in results["episodes"]) == [1_000_000 + i for i in range(4)]
+    assert all(e["turns"] == 1 and 1 <= e["tokens"] <= 8 for e in results["episodes"])
+
+
+def test_eval_refuses_zero_engines():
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    out = CliRunner().invoke(app, ["eval", "--env", "math", "--model", "tiny-qwen3", "--engines", "0"])
+    assert out.exit_code == 2 and "engine.replicas must be >= 1" in out.stderr

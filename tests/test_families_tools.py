@@ -43,6 +43,8 @@ class ToolEnv:
 class CallingEngine:
     """Replies with one Qwen3 tool call, as a model would write it."""
 
+    policy_version = 0
+
     def __init__(self, tok):
         self.tok = tok
 
@@ -57,14 +59,24 @@ class CallingEngine:
     def update_weights(self, named_tensors, version):
         pass
 
+    def metrics(self):
+        return {}
+
+    def clear_cache(self):
+        pass
+
 
 def test_rollout_sends_function_calls_and_tool_observations(qwen3_tokenizer):
     from agentrl.engine.base import SamplingParams
-    from agentrl.rollout.loop import collect_trajectories
+    from agentrl.engine.requests import BatchedRequests
+    from agentrl.rollout.loop import run_rollout
+    from agentrl.rollout.pool import EnvMaker, LocalPool
 
     ToolEnv.received = []
-    (traj,) = collect_trajectories(ToolEnv, "tools", [0], 1, CallingEngine(qwen3_tokenizer), qwen3_tokenizer,
-                                   SamplingParams(), max_turns=3, context_options={"family": "qwen3"})
+    engine = BatchedRequests(CallingEngine(qwen3_tokenizer))
+    (traj,) = run_rollout(LocalPool(EnvMaker("tools", entry_point=ToolEnv), slots=1), "tools", [0], 1, engine,
+                          qwen3_tokenizer, SamplingParams(), max_turns=3,
+                          context_options={"family": "qwen3"}).trajectories
     assert ToolEnv.received == ['{"name": "search", "arguments": {"q": "capital"}}'] * 2
     prompt = qwen3_tokenizer.decode(traj.turns[1].prompt_ids)
     assert "# Tools" in prompt and "<tool_response>\nParis (1)\n</tool_response>" in prompt

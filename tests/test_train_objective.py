@@ -8,29 +8,31 @@ import json
 import pytest
 import torch
 
-import agentrl.recipes.train as train_mod
+import agentrl.recipes.setup as setup_mod
+import agentrl.training.step as step_mod
 from agentrl.config import ConfigError, RunConfig, apply_overrides
 from agentrl.models import load_model
 from agentrl.objective import CollapseGuard
-from agentrl.recipes.train import as_trained, build_loss_options, train
+from agentrl.recipes.train import train
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
 from agentrl.training.microbatch import collate
+from agentrl.training.step import as_trained, build_loss_options
 
 
 def _cfg(tmp_path, **overrides) -> RunConfig:
     base = {"model": "tiny-qwen3", "env.id": "math", "env.kwargs": {"mode": "multi", "max_turns": 2}, "steps": 1,
-            "output": str(tmp_path / "run"), "rollout.prompts_per_step": 2, "rollout.group_size": 2,
-            "rollout.max_new_tokens": 6, "guard.enabled": False}
+            "output": str(tmp_path / "run"), "scheduler.prompts_per_step": 2, "scheduler.group_size": 2,
+            "sampling.max_new_tokens": 6, "guard.enabled": False}
     return apply_overrides(RunConfig(), base | overrides)
 
 
 def test_dr_grpo_divisor_is_the_configured_response_length(tmp_path):
     cfg = _cfg(tmp_path, **{"loss.name": "dr_grpo", "context.max_new_tokens_by_turn": (6, 12)})
-    assert build_loss_options(cfg).loss_scale_factor == 12.0  # the largest per-turn budget
-    assert build_loss_options(_cfg(tmp_path, **{"loss.name": "dr_grpo"})).loss_scale_factor == 6.0
+    assert build_loss_options(cfg.loss, 12).loss_scale_factor == 12.0  # the largest per-turn budget
+    assert build_loss_options(_cfg(tmp_path, **{"loss.name": "dr_grpo"}).loss, 6).loss_scale_factor == 6.0
     explicit = _cfg(tmp_path, **{"loss.name": "dr_grpo", "loss.options": {"loss_scale_factor": 100.0}})
-    assert build_loss_options(explicit).loss_scale_factor == 100.0
-    assert build_loss_options(_cfg(tmp_path)).loss_scale_factor is None  # MiniRL has no constant divisor
+    assert build_loss_options(explicit.loss, 6).loss_scale_factor == 100.0
+    assert build_loss_options(_cfg(tmp_path).loss, 6).loss_scale_factor is None  # MiniRL has no constant divisor
 
 
 def _traj(version: int, group: int) -> Trajectory:
@@ -58,7 +60,7 @@ def test_collate_spreads_per_turn_advantages_over_tokens():
 
 @pytest.mark.parametrize("overrides", [
     {"loss.name": "dr_grpo"},
-    {"loss.advantage": "gigpo", "loss.advantage_options": {"gamma": 0.9}},
+    {"advantage.name": "gigpo", "advantage.gamma": 0.9},
 ])  # fmt: skip
 def test_runs_train_with_the_new_options(tmp_path, overrides):
     out = train(_cfg(tmp_path, **overrides), progress=False)
@@ -122,9 +124,9 @@ def test_samples_without_advantage_skip_their_passes_and_the_update_is_unchanged
     rows, weights = {}, {}
     for mode in ("skip", "all"):
         if mode == "all":
-            monkeypatch.setattr(train_mod, "gradient_members", lambda samples, members: members)
-        cfg = tiny_config(tmp_path / mode, steps=2, **{"optim.lr": 1e-2, "rollout.group_size": 2,
-                                                       "rollout.prompts_per_step": 6, "loss.micro_batch_size": 1})
+            monkeypatch.setattr(step_mod, "gradient_members", lambda samples, members: members)
+        cfg = tiny_config(tmp_path / mode, steps=2, **{"optim.lr": 1e-2, "scheduler.group_size": 2,
+                                                       "scheduler.prompts_per_step": 6, "trainer.micro_batch_size": 1})
         out = train(cfg, progress=False)
         rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         weights[mode] = load_file(out / "checkpoint" / "model.safetensors")
@@ -140,7 +142,7 @@ def test_samples_without_advantage_skip_their_passes_and_the_update_is_unchanged
 
 
 def test_a_batch_without_any_advantage_keeps_one_sample_for_the_optimizer_step():
-    from agentrl.recipes.train import carries_gradient, gradient_members
+    from agentrl.training.step import carries_gradient, gradient_members
 
     def sample(n: int, advantage: float, token_advantages=None) -> Sample:
         return Sample((1,) * n, (0,) + (1,) * (n - 1), (0.0,) * n, advantage, 0, token_advantages=token_advantages)
@@ -153,17 +155,18 @@ def test_a_batch_without_any_advantage_keeps_one_sample_for_the_optimizer_step()
 
 
 def test_the_recompute_pass_runs_where_the_update_pass_is_not_pi_old(tmp_path):
-    from agentrl.config import LossConfig
-    from agentrl.recipes.train import bypass_old_policy, choose_old_policy, score_old_policy, update_is_old_policy
+    from agentrl.config import LossConfig, OptimConfig
     from agentrl.training.routing_replay import DenseRouting, LiveRouting, R2Routing, R3Routing
+    from agentrl.training.step import bypass_old_policy, choose_old_policy, score_old_policy, update_is_old_policy
 
-    assert choose_old_policy(LossConfig(), DenseRouting()) is update_is_old_policy
-    assert choose_old_policy(LossConfig(), R3Routing()) is update_is_old_policy  # engine routes in both passes
-    assert choose_old_policy(LossConfig(n_minibatches=2), DenseRouting()) is score_old_policy  # later steps move
-    assert choose_old_policy(LossConfig(), LiveRouting()) is score_old_policy  # measures router agreement on it
-    assert choose_old_policy(LossConfig(routing_replay="r2"), R2Routing()) is score_old_policy  # replays its routes
-    assert choose_old_policy(LossConfig(old_policy_pass="on"), DenseRouting()) is score_old_policy
-    assert choose_old_policy(LossConfig(bypass=True), DenseRouting()) is bypass_old_policy
+    one, two = OptimConfig(), OptimConfig(n_minibatches=2)
+    assert choose_old_policy(LossConfig(), one, DenseRouting()) is update_is_old_policy
+    assert choose_old_policy(LossConfig(), one, R3Routing()) is update_is_old_policy  # engine routes in both passes
+    assert choose_old_policy(LossConfig(), two, DenseRouting()) is score_old_policy  # later steps move
+    assert choose_old_policy(LossConfig(), one, LiveRouting()) is score_old_policy  # measures router agreement on it
+    assert choose_old_policy(LossConfig(routing_replay="r2"), one, R2Routing()) is score_old_policy  # replays routes
+    assert choose_old_policy(LossConfig(old_policy_pass="on"), one, DenseRouting()) is score_old_policy
+    assert choose_old_policy(LossConfig(bypass=True), one, DenseRouting()) is bypass_old_policy
     with pytest.raises(ConfigError, match="loss.old_policy_pass must be auto or on"):
         LossConfig(old_policy_pass="off")
 
@@ -178,7 +181,7 @@ def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_go
     # not be saved, and the rollback must restore step 1's weights and AdamW moments together.
     saved: dict[int, tuple[dict, dict]] = {}
     restored: list[tuple[int, dict, dict]] = []
-    real_save, real_restore, real_update = train_mod.Run.save, train_mod.restore_checkpoint, CollapseGuard.update
+    real_save, real_restore, real_update = setup_mod.Run.save, setup_mod.restore_checkpoint, CollapseGuard.update
 
     def snapshot(backend) -> tuple[dict, dict]:  # the single-process backend's live module and AdamW
         return copy.deepcopy(backend.model.state_dict()), copy.deepcopy(backend.optimizer.state_dict())
@@ -195,8 +198,8 @@ def test_collapse_at_a_save_step_rolls_back_weights_and_optimizer_to_the_last_go
     def update(self, metrics, step=None):
         return real_update(self, metrics | ({"entropy": 0.0} if step == 3 else {}), step=step)
 
-    monkeypatch.setattr(train_mod.Run, "save", save)
-    monkeypatch.setattr(train_mod, "restore_checkpoint", restore)
+    monkeypatch.setattr(setup_mod.Run, "save", save)
+    monkeypatch.setattr(setup_mod, "restore_checkpoint", restore)
     monkeypatch.setattr(CollapseGuard, "update", update)
     cfg = _cfg(tmp_path, steps=4, save_every=2, **{
         "env.kwargs": {}, "optim.lr": 1e-2, "guard.enabled": True, "guard.action": "rollback", "guard.patience": 1,
@@ -221,21 +224,21 @@ def _episode(group: int, reward: float, reply: int, finish: str) -> Trajectory:
 
 
 def test_overlong_filter_penalty_and_dynamic_sampling():
-    from agentrl.config import LossConfig
-    from agentrl.recipes.train import _overlong_and_dynamic_sampling
+    from agentrl.config import LossConfig, OverlongConfig
+    from agentrl.training.step import overlong_and_dynamic_sampling
 
     eps = [_episode(0, 1.0, 8, "length"), _episode(0, 0.0, 3, "stop"),  # group 0: one reply cut at the budget
            _episode(1, 1.0, 2, "stop"), _episode(1, 1.0, 4, "stop")]  # group 1: all rewards equal
     extra = {}
-    trajs, keep = _overlong_and_dynamic_sampling(eps, LossConfig(overlong={"mode": "filter"}), 8, extra)
+    trajs, keep = overlong_and_dynamic_sampling(eps, LossConfig(overlong=OverlongConfig(mode="filter")), 8, extra)
     assert keep == [False, True, True, True] and [t.total_return for t in trajs] == [1.0, 0.0, 1.0, 1.0]
     assert extra["overlong_frac"] == 0.25
     # penalize: budget 8, cache 4 -> lengths past 4 pay (len - 4) / 4: 8 -> -1.0, 4 -> 0, 3 and 2 -> 0
-    trajs, keep = _overlong_and_dynamic_sampling(
-        eps, LossConfig(overlong={"mode": "penalize", "cache_length": 4}), 8, {})
+    trajs, keep = overlong_and_dynamic_sampling(
+        eps, LossConfig(overlong=OverlongConfig(mode="penalize", cache_length=4)), 8, {})
     assert keep == [True] * 4 and [t.total_return for t in trajs] == [0.0, 0.0, 1.0, 1.0]
     extra = {}
-    trajs, keep = _overlong_and_dynamic_sampling(eps, LossConfig(dynamic_sampling=True), 8, extra)
+    trajs, keep = overlong_and_dynamic_sampling(eps, LossConfig(dynamic_sampling=True), 8, extra)
     assert keep == [True, True, False, False] and extra["uninformative_frac"] == 0.5
-    with pytest.raises(ConfigError, match="loss.overlong"):
-        LossConfig(overlong={"mode": "cut"})
+    with pytest.raises(ConfigError, match="loss.overlong.mode"):
+        OverlongConfig(mode="cut")

@@ -311,7 +311,7 @@ def test_agentrl_eval_with_the_vllm_engine(tmp_path):
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["engine"] == {"kind": "vllm", "dtype": "model"} and results["overall"]["episodes"] == 3
+    assert results["engine"] == {"kind": "vllm", "dtype": "model", "engines": 1} and results["overall"]["episodes"] == 3
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         for turn in json.loads(line)["turns"]:
             assert 0 < len(turn["generated_ids"]) == len(turn["rollout_logprobs"]) <= 8

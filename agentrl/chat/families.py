@@ -42,6 +42,10 @@ family                   history rewrite (k -> k+1), for replies as the model wr
 
 `TemplateFamily.rewrites_history` is the rule as code; tests check it against official renderings of k and k+1 turns,
 and `agentrl.chat.context.ChatContext` uses it to render only the new messages where it says the prefix holds.
+
+The family table itself (files, markers, parsers, prefills, which rule each family follows, aliases) is data:
+``templates/families.yaml``, loaded once at import by `parse_family_table`. The rule, anchor and writer functions stay
+here, registered by the keys the table names them with (``_REWRITES``, ``_ANCHORS``, ``_WRITERS``).
 """
 
 from __future__ import annotations
@@ -58,10 +62,16 @@ from agentrl.chat.parsers import PARSERS, ParsedReply, ToolCall
 
 __all__ = [
     "TemplateFamily", "FAMILIES", "ALIASES", "get_family", "family_names", "compile_template", "UnknownFamilyError",
-    "is_real_user_query",
+    "is_real_user_query", "FamilyTableError", "parse_family_table", "family_entry",
 ]
 
 Message = Mapping[str, Any]
+RewriteRule = Callable[[Sequence[Message], Sequence[Message], Mapping[str, Any]], bool]
+"""``(old, new, template_vars) -> bool``: whether appending `new` rewrites what the model saw (see `TemplateFamily`)."""
+Anchor = Callable[[Sequence[Message]], list[int]]
+"""``old -> indices`` of the messages that, rendered alone, give new messages their rendering after `old`."""
+Writer = Callable[["TemplateFamily", Sequence[Message], str, str, Sequence[ToolCall], dict[str, Any]], str]
+"""``(family, history, reasoning, content, calls, template_vars) -> text`` the model writes for a reply."""
 
 
 class UnknownFamilyError(ValueError):
@@ -250,6 +260,9 @@ class TemplateFamily:
         rule: the history-rewrite rule in one line (for reports; `rewrites_history` is the rule as code).
         anchor: ``old -> indices`` of the earlier messages that, rendered alone before new ones, give those new ones
             the rendering they get after the whole history; None re-renders the whole history each turn.
+        writer: writes a reply's text where the template never renders a final turn as the model writes it
+            (``(family, history, reasoning, content, calls, template_vars) -> str``); None derives it from the
+            template (see `write_reply`).
     """
 
     name: str
@@ -258,7 +271,7 @@ class TemplateFamily:
     end_of_turn: tuple[str, ...]
     reasons: bool
     parser: str
-    rewrites_history: Callable[[Sequence[Message], Sequence[Message], Mapping[str, Any]], bool]
+    rewrites_history: RewriteRule
     template_vars: Mapping[str, Any] = field(default_factory=dict)
     prefills: tuple[str, ...] = ()
     tool_role_needs_call: bool = False
@@ -266,7 +279,8 @@ class TemplateFamily:
     stop_after_call: str = ""
     content_with_calls: bool = True
     rule: str = ""
-    anchor: Callable[[Sequence[Message]], list[int]] | None = None
+    anchor: Anchor | None = None
+    writer: Writer | None = None
 
     @property
     def source(self) -> str:
@@ -339,9 +353,8 @@ class TemplateFamily:
             tools: tool declarations.
             **template_vars: template variables.
         """
-        writer = _WRITERS.get(self.name)
-        if writer is not None:
-            return writer(self, history, reasoning, content, calls, dict(template_vars))
+        if self.writer is not None:
+            return self.writer(self, history, reasoning, content, calls, dict(template_vars))
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content" if self.name != "gpt-oss" else "thinking"] = reasoning
@@ -426,78 +439,172 @@ def _write_smollm3(family, history, reasoning, content, calls, template_vars) ->
     return think + content + body + "<|im_end|>"
 
 
-_WRITERS = {"deepseek-r1": _write_r1, "deepseek-r1-distill": _write_r1, "deepseek-v3.1": _write_v31,
-            "kimi-k2-thinking": _write_kimi_thinking, "smollm3": _write_smollm3,
-            "qwen3-2507-instruct": _write_qwen_answer, "gpt-oss": _write_harmony}
+_WRITERS: dict[str, Writer] = {"r1": _write_r1, "v3.1": _write_v31, "kimi_thinking": _write_kimi_thinking,
+                                "smollm3": _write_smollm3, "qwen_answer": _write_qwen_answer,
+                                "harmony": _write_harmony}
+"""Reply writers by the key ``writer:`` names in ``templates/families.yaml``."""
 
-_QWEN_PREFILLS = ("<think>\n\n</think>\n\n", "<think>\n")
-_DS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
+_REWRITES: dict[str, RewriteRule] = {"never": _never, "qwen3": _qwen3_rewrites, "smollm3": _smollm3_rewrites,
+                                     "r1": _r1_rewrites, "r1_distill": _r1_distill_rewrites, "v3.1": _v31_rewrites,
+                                     "kimi_thinking": _kimi_rewrites, "glm": _glm_rewrites,
+                                     "harmony": _harmony_rewrites}
+"""History-rewrite rules by the key ``rewrites:`` names in ``templates/families.yaml``."""
 
-FAMILIES: dict[str, TemplateFamily] = {
-    f.name: f
-    for f in [
-        TemplateFamily("chatml", "chatml.jinja", "SmolLM2-Instruct's ChatML", ("<|im_end|>",), False, "plain",
-                       _never, max_tool_calls=0, anchor=_first_and_tail,
-                       rule="never rewrites"),
-        TemplateFamily("qwen2.5", "qwen2.5.jinja", "Qwen2.5-Instruct (ChatML + tools)", ("<|im_end|>",), False,
-                       "qwen2.5", _never, anchor=_first_and_tail,
-                       rule="never rewrites"),
-        TemplateFamily("qwen3", "qwen3.jinja", "Qwen3 (hybrid thinking; enable_thinking)", ("<|im_end|>",), True,
-                       "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor,
-                       rule=("a user query drops the think blocks after the previous one; an empty think block is "
-                             "dropped once the turn is not the last")),
-        TemplateFamily("qwen3-2507-thinking", "qwen3-2507-thinking.jinja", "Qwen3-*-Thinking-2507",
-                       ("<|im_end|>",), True, "qwen3", _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor,
-                       rule=("a user query drops the think blocks after the previous one; an empty think block is "
-                             "dropped once the turn is not the last")),
-        TemplateFamily("qwen3-2507-instruct", "qwen3-2507-instruct.jinja",
-                       "Qwen3-*-Instruct-2507 (derived from the Thinking-2507 file)", ("<|im_end|>",), False, "qwen3",
-                       _qwen3_rewrites, prefills=_QWEN_PREFILLS, anchor=_qwen3_anchor,
-                       rule="answers without think blocks never rewrite; think blocks follow the Qwen3 rule"),
-        TemplateFamily("smollm3", "smollm3.jinja", "SmolLM3 (/think and /no_think)", ("<|im_end|>",), True,
-                       "smollm3", _smollm3_rewrites, prefills=("<think>\n\n</think>\n",),
-                       rule="never rewrites, but for a reply that starts with a newline (stripped)"),
-        TemplateFamily("deepseek-r1", "deepseek-r1.jinja", "DeepSeek-R1 (<think> prefill, reasoning dropped)",
-                       ("<｜end▁of▁sentence｜>",), True, "deepseek-r1", _r1_rewrites, _DS, prefills=("<think>\n",),
-                       rule=("a reply after a user message rewrites (its <think> prefill is not re-rendered) unless it"
-                             " is the first tool-call turn; after tool outputs plain replies hold, calls rewrite")),
-        TemplateFamily("deepseek-r1-distill", "deepseek-r1-distill.jinja", "DeepSeek-R1-Distill-Qwen",
-                       ("<｜end▁of▁sentence｜>",), True, "deepseek-r1-distill", _r1_distill_rewrites, _DS,
-                       prefills=("<think>\n",), content_with_calls=False,
-                       rule=("a reply after a user message and every tool-call turn rewrite; plain replies after tool "
-                             "outputs hold")),
-        TemplateFamily("deepseek-v3.1", "deepseek-v3.1.jinja", "DeepSeek-V3.1 (hybrid thinking; thinking=True)",
-                       ("<｜end▁of▁sentence｜>",), True, "deepseek-v3.1", _v31_rewrites, _DS,
-                       prefills=("</think>", "<think>"),
-                       rule=("thinking on: a reply after a user message rewrites (<think> becomes </think>); otherwise"
-                             " never")),
-        TemplateFamily("kimi-k2-instruct", "kimi-k2-instruct.jinja", "Kimi-K2-Instruct", ("<|im_end|>",), False,
-                       "kimi-k2-instruct", _never,
-                       rule="never rewrites"),
-        TemplateFamily("kimi-k2-thinking", "kimi-k2-thinking.jinja", "Kimi-K2-Thinking", ("<|im_end|>",), True,
-                       "kimi-k2-thinking", _kimi_rewrites,
-                       rule=("an answer without tool calls drops its reasoning and that of the tool-call turns since "
-                             "the previous answer")),
-        TemplateFamily("glm-4.6", "glm-4.6.jinja", "GLM-4.6 (enable_thinking)",
-                       ("<|user|>", "<|observation|>", "<|endoftext|>"), True, "glm", _glm_rewrites,
-                       prefills=("\n<think></think>",), stop_after_call="<|observation|>",
-                       rule=("a user message drops the reasoning of the turns since the previous one; the stop token "
-                             "must match the next role")),
-        TemplateFamily("gpt-oss", "gpt-oss.jinja", "gpt-oss (harmony)", ("<|return|>", "<|call|>"), True,
-                       "harmony", _harmony_rewrites, tool_role_needs_call=True, max_tool_calls=1,
-                       content_with_calls=False,
-                       rule="a final answer rewrites (<|return|> becomes <|end|>, analysis dropped); tool calls hold"),
-        TemplateFamily("llama-3.1", "llama-3.1.jinja", "Llama-3.1-Instruct (JSON tool calls)",
-                       ("<|eot_id|>", "<|eom_id|>"), False, "llama3", _never,
-                       {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, max_tool_calls=1,
-                       content_with_calls=False,
-                       rule="never rewrites (answers are trimmed)"),
-    ]
+_ANCHORS: dict[str, Anchor] = {"first_and_tail": _first_and_tail, "qwen3": _qwen3_anchor}
+"""Anchors by the key ``anchor:`` names in ``templates/families.yaml``."""
+
+
+# ---- the family table (templates/families.yaml) --------------------------------------------------------------------
+
+_TABLE_FILE = "families.yaml"
+
+
+class FamilyTableError(ValueError):
+    """``templates/families.yaml`` (or a table given to `parse_family_table`) is malformed."""
+
+
+def _string(value: Any) -> str | None:
+    return None if isinstance(value, str) else "a string"
+
+
+def _strings(value: Any) -> str | None:
+    ok = isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+    return None if ok else "a list of non-empty strings"
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+def _count(value: Any) -> str | None:
+    # bool is an int subclass: `max_tool_calls: true` must not read as 1.
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else "a count (0 or more)"
+
+
+def _variables(value: Any) -> str | None:
+    ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    return None if ok else "a mapping of variable names to values"
+
+
+_KEYED: dict[str, Mapping[str, Any]] = {"parser": PARSERS, "rewrites": _REWRITES, "anchor": _ANCHORS,
+                                        "writer": _WRITERS}
+"""Fields that name a parser or a rule function, and the registry each name must be in."""
+
+# Table field -> its type check. Optional fields left out take the TemplateFamily defaults (the same as in the README).
+_REQUIRED: dict[str, Callable[[Any], str | None]] = {
+    "name": _string, "template_file": _string, "description": _string, "end_of_turn": _strings, "reasons": _boolean,
+    "parser": _string, "rewrites": _string, "rule": _string,
 }
+_OPTIONAL: dict[str, Callable[[Any], str | None]] = {
+    "template_vars": _variables, "prefills": _strings, "tool_role_needs_call": _boolean, "max_tool_calls": _count,
+    "stop_after_call": _string, "content_with_calls": _boolean, "anchor": _string, "writer": _string,
+}
+_ATTRIBUTE = {"rewrites": "rewrites_history"}  # the one table field whose attribute has another name
 
-ALIASES = {"kimi-k2": "kimi-k2-thinking", "smollm2": "chatml", "deepseek-r1-distill-qwen": "deepseek-r1-distill",
-           "llama-3.1-instruct": "llama-3.1", "qwen2.5-instruct": "qwen2.5"}
-"""Other names users write for a family."""
+
+def _family_from_entry(entry: Any, index: int) -> TemplateFamily:
+    """Build one family from its table entry, or raise `FamilyTableError` naming the family and the field."""
+    if not isinstance(entry, dict):
+        raise FamilyTableError(f"{_TABLE_FILE}: family #{index + 1} is not a mapping of fields")
+    name = entry.get("name")
+    who = f"{_TABLE_FILE}: family {name!r}" if isinstance(name, str) else f"{_TABLE_FILE}: family #{index + 1}"
+    unknown = sorted(set(entry) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise FamilyTableError(f"{who}: unknown field {unknown[0]!r} (fields: {', '.join([*_REQUIRED, *_OPTIONAL])})")
+    missing = [k for k in _REQUIRED if k not in entry]
+    if missing:
+        raise FamilyTableError(f"{who}: missing field {missing[0]!r}")
+    values: dict[str, Any] = {}
+    for key, value in entry.items():
+        if value is None and key in ("anchor", "writer"):  # an explicit null: the default (none)
+            continue
+        problem = {**_REQUIRED, **_OPTIONAL}[key](value)
+        if problem:
+            raise FamilyTableError(f"{who}: field {key!r} must be {problem}, not {value!r}")
+        if key in _KEYED:
+            registry = _KEYED[key]
+            if value not in registry:
+                raise FamilyTableError(f"{who}: unknown {key} key {value!r} (known: {', '.join(registry)})")
+            value = value if key == "parser" else registry[value]  # a family keeps its parser by name
+        elif key in ("end_of_turn", "prefills"):
+            value = tuple(value)
+        values[_ATTRIBUTE.get(key, key)] = value
+    if not values["end_of_turn"]:
+        raise FamilyTableError(f"{who}: field 'end_of_turn' must name at least one marker")
+    if not files("agentrl.templates").joinpath(values["template_file"]).is_file():
+        raise FamilyTableError(f"{who}: template_file {values['template_file']!r} is not in agentrl.templates")
+    return TemplateFamily(**values)
+
+
+def parse_family_table(text: str) -> tuple[dict[str, TemplateFamily], dict[str, str]]:
+    """Build the family registry from the text of a family table (the format of ``templates/families.yaml``).
+
+    Args:
+        text: the YAML text: ``families`` (a list of entries) and ``aliases`` (alias -> family name).
+
+    Returns:
+        ``(families, aliases)``: families by name, in table order, and the aliases.
+
+    Raises:
+        FamilyTableError: one message naming the family and the field that is missing, unknown or ill-typed, or the
+            rule key that names no function.
+    """
+    import yaml
+
+    try:
+        table = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise FamilyTableError(f"{_TABLE_FILE}: not valid YAML: {e}") from None
+    if not isinstance(table, dict) or set(table) != {"families", "aliases"}:
+        raise FamilyTableError(f"{_TABLE_FILE}: must be a mapping with exactly 'families' and 'aliases'")
+    if not isinstance(table["families"], list) or not isinstance(table["aliases"], dict):
+        raise FamilyTableError(f"{_TABLE_FILE}: 'families' must be a list of entries, 'aliases' a mapping")
+    families: dict[str, TemplateFamily] = {}
+    for index, entry in enumerate(table["families"]):
+        family = _family_from_entry(entry, index)
+        if family.name in families:
+            raise FamilyTableError(f"{_TABLE_FILE}: family {family.name!r} is listed twice")
+        families[family.name] = family
+    aliases: dict[str, str] = {}
+    for alias, target in table["aliases"].items():
+        if not isinstance(alias, str) or target not in families or alias in families:
+            raise FamilyTableError(f"{_TABLE_FILE}: alias {alias!r} must be a new name for a listed family, "
+                                   f"not -> {target!r}")
+        aliases[alias] = target
+    return families, aliases
+
+
+def family_entry(family: TemplateFamily) -> dict[str, Any]:
+    """The table entry (every field, defaults included) that `parse_family_table` turns into `family`.
+
+    Rule functions are written as their keys, so that dumping these entries and parsing them gives the same families.
+
+    Raises:
+        FamilyTableError: when a rule function of `family` has no key (it was not built from a table).
+    """
+    entry: dict[str, Any] = {}
+    for key in [*_REQUIRED, *_OPTIONAL]:
+        value = getattr(family, _ATTRIBUTE.get(key, key))
+        if key in _KEYED and key != "parser" and value is not None:
+            value = next((k for k, f in _KEYED[key].items() if f is value), None)
+            if value is None:
+                raise FamilyTableError(f"family {family.name!r}: its {key} function has no key in the table")
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif key == "template_vars":
+            value = dict(value)
+        entry[key] = value
+    return entry
+
+
+# Loaded once, at import: a broken table fails every use of families at once, with the message naming the entry.
+_TABLE = parse_family_table(files("agentrl.templates").joinpath(_TABLE_FILE).read_text(encoding="utf-8"))
+
+FAMILIES: dict[str, TemplateFamily] = _TABLE[0]
+"""The families of ``templates/families.yaml``, by name, in its order."""
+
+ALIASES: dict[str, str] = _TABLE[1]
+"""Other names users write for a family (``templates/families.yaml``'s ``aliases``)."""
 
 
 def family_names() -> list[str]:

@@ -26,9 +26,11 @@ official rendering. The default stays the official rendering; the start-up line 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from agentrl.chat.context import OBSERVATION_ROLES, ChatContext
+from agentrl.config import ContextConfig
 
 __all__ = ["AUTO", "resolve_observation_role"]
 
@@ -78,3 +80,14 @@ def resolve_observation_role(requested: str, env_cls: type, tokenizer, chat_kwar
                         "(one sample per episode instead of one per turn)")
     return "user", ("this template rewrites history with either role: one training sample per turn "
                     "(context.history: as_sampled keeps earlier turns as sampled, one sample per episode)")
+
+
+def resolve_context(context: ContextConfig, env_cls: type, tokenizer,
+                    family_hint: str | None) -> tuple[ContextConfig, str]:
+    """`context` with ``observation_role: auto`` replaced by the concrete role, and one line saying why.
+
+    The same resolution for RL (in the run plan) and SFT, so demonstrations get RL's sample layout.
+    """
+    role, why = resolve_observation_role(context.observation_role, env_cls, tokenizer, context.chat_kwargs(),
+                                         family=context.chat_family or None, family_hint=family_hint)
+    return replace(context, observation_role=role), why

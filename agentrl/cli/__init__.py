@@ -80,42 +80,34 @@ def play(
     raise typer.Exit(0 if result.ended else 1)
 
 
-@app.command()
-def run(
-    env: str | None = typer.Option(None, "--env", help="Env id (default: math)."),
-    model: str | None = typer.Option(None, "--model", help="Built-in model, local HF folder or hub id."),
-    steps: int | None = typer.Option(None, "--steps", help="Training steps."),
-    group_size: int | None = typer.Option(None, "--group-size", help="Episodes per task (G)."),
-    prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Tasks per step (B)."),
-    runners: int | None = typer.Option(None, "--runners", help="Concurrent env runners (0 = in-process)."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (default: local Ray)."),
-    engine: str | None = typer.Option(None, "--engine",
-                                      help="Inference engine: auto (vLLM where it serves the model), hf or vllm."),
-    engines: int | None = typer.Option(None, "--engines", help="Engine replicas (>1: Ray actors)."),
-    engine_dtype: str | None = typer.Option(None, "--engine-dtype",
-                                            help="Engine precision: float32, bfloat16 (default: the training dtype)."),
-    sync_every: int | None = typer.Option(None, "--sync-every", help="Refresh rollout weights every k steps."),
-    async_rollout: bool | None = typer.Option(None, "--async/--no-async", help="Roll out step s+1 while s trains."),
-    max_staleness: int | None = typer.Option(None, "--max-staleness", help="Async: max policy versions old."),
-    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Per turn."),
-    max_turns: int | None = typer.Option(None, "--max-turns", help="Model calls per episode."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
-    loss: str | None = typer.Option(None, "--loss", help="Policy loss name (minirl, grpo, dapo, ...)."),
-    seed: int | None = typer.Option(None, "--seed", help="Run seed."),
-    env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
-    output: Path | None = typer.Option(None, "--output",
-                                       help="Run folder (default: a new runs/<env>-<model>-<date>-<time>)."),
-    config: Path | None = typer.Option(None, "--config", help="YAML config (see configs/)."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue the run saved in this folder."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
-    trainers: int | None = typer.Option(None, "--trainers", help="FSDP2 trainer workers on Ray (0 = in the driver)."),
-    gpus_per_trainer: float | None = typer.Option(None, "--gpus-per-trainer", help="GPUs per trainer (0 = CPU)."),
-    gpus_per_engine: float | None = typer.Option(None, "--gpus-per-engine", help="GPUs per Ray inference engine."),
-    colocate: bool | None = typer.Option(None, "--colocate/--split", help="Engines share the trainers' GPUs."),
-    compute_dtype: str | None = typer.Option(None, "--compute-dtype",
-                                             help="Autocast the trainer's matmuls (bfloat16); weights stay float32."),
-) -> None:
+# Typer hands every argument to a click command built from the config dataclasses (`agentrl.cli.flags`): one flag per
+# config field, generated, with --help in sections. Typer itself cannot take a generated set of options.
+@app.command(add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                                      "allow_interspersed_args": False})
+def run(ctx: typer.Context) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
+    from agentrl.cli.flags import run_command
+
+    help_text = f"{run.__doc__}\n\nEvery config field is a flag: --section.field-name (YAML for lists and mappings)."
+    _main(run_command(_run, _run_options(), help=help_text), ctx)
+
+
+def _run_options() -> list:
+    """`agentrl run`'s own options; every other flag is a config field."""
+    import click
+
+    path = click.Path(path_type=Path)
+    return [
+        click.Option(["--config"], type=path, help="YAML config (see configs/); flags override it."),
+        click.Option(["--resume"], type=path, help="Continue the run saved in this folder."),
+        click.Option(["--env-arg"], multiple=True, metavar="KEY=VALUE",
+                     help="Env constructor argument (repeatable), merged into env.kwargs."),
+        click.Option(["--overwrite"], is_flag=True, help="Replace a run already saved in --output."),
+    ]
+
+
+def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tuple[str, ...], overwrite: bool) -> None:
+    """`agentrl run`'s body: `overrides` are the config flags given (dotted path -> value)."""
     from agentrl.config import ConfigError, apply_overrides, load_config
     from agentrl.models import UnknownModelError, check_model_name
     from agentrl.registry import UnknownEnvError, spec
@@ -126,25 +118,10 @@ def run(
             if not saved.is_file():
                 _fail(f"cannot resume {resume}: no config.yaml there (is it an agentrl run folder?)")
             cfg = load_config(saved)
-            output = resume
+            overrides["output"] = str(resume)
         else:
             cfg = load_config(config)
-        overrides = {
-            "env.id": env, "model": model, "steps": steps, "rollout.group_size": group_size,
-            "rollout.prompts_per_step": prompts_per_step, "rollout.runners": runners,
-            "rollout.ray_address": ray_address, "rollout.engine": engine, "rollout.engines": engines,
-            "rollout.engine_dtype": engine_dtype, "rollout.sync_every": sync_every,
-            "rollout.async_rollout": async_rollout, "rollout.max_staleness": max_staleness,
-            "rollout.max_new_tokens": max_new_tokens, "rollout.max_turns": max_turns, "optim.lr": lr,
-            "loss.name": loss, "seed": seed, "output": str(output) if output else None,
-            "trainer.workers": trainers, "trainer.gpus_per_worker": gpus_per_trainer,
-            "trainer.gpus_per_engine": gpus_per_engine, "trainer.colocate": colocate,
-            "trainer.compute_dtype": compute_dtype,
-        }
-        if env_arg:
-            overrides["env.kwargs"] = {**(cfg.env.kwargs if env is None else {}), **_parse_kwargs(env_arg)}
-        elif env is not None and env != cfg.env.id:
-            overrides["env.kwargs"] = {}  # the default kwargs belong to the default env
+        _merge_env_args(overrides, cfg, env_arg)
         cfg = apply_overrides(cfg, overrides)
         # Typos in the env or model name must not wait for the trainer's imports (seconds).
         spec(cfg.env.id)
@@ -169,50 +146,59 @@ def run(
     typer.echo(f"run saved in {out} (metrics.jsonl, curves.png, checkpoint/)")
 
 
-@app.command()
-def sft(
-    env: str | None = typer.Option(None, "--env", help="Env id whose expert plays the demonstrations."),
-    model: str | None = typer.Option(None, "--model", help="Built-in model, local HF folder or hub id."),
-    data: Path | None = typer.Option(None, "--data", help="JSONL of saved trajectories or {\"messages\": [...]}."),
-    demos: int | None = typer.Option(None, "--demos", help="Expert episodes to play (unsuccessful ones dropped)."),
-    epochs: int | None = typer.Option(None, "--epochs", help="Passes over the demonstrations."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Samples per optimizer step."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate."),
-    max_turns: int | None = typer.Option(None, "--max-turns", help="Turns per demonstration (as in RL)."),
-    eval_episodes: int | None = typer.Option(None, "--eval-episodes", help="Held-out tasks to evaluate (0 = skip)."),
-    seed: int | None = typer.Option(None, "--seed", help="Run seed."),
-    env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
-    output: Path | None = typer.Option(None, "--output", help="Run folder (default: a new runs/sft-<env>-...)."),
-    config: Path | None = typer.Option(None, "--config", help="YAML SFT config (see configs/*-sft.yaml)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already saved in --output."),
-    compute_dtype: str | None = typer.Option(None, "--compute-dtype",
-                                             help="Autocast the matmuls (bfloat16); weights stay float32."),
-) -> None:
+@app.command(add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                                      "allow_interspersed_args": False})
+def sft(ctx: typer.Context) -> None:
     """Supervised warm start on expert (or given) episodes, with RL's templates and loss masks; checkpoint + eval."""
-    from agentrl.config import ConfigError, _build, config_to_dict
+    from agentrl.cli.flags import sft_command
+
+    help_text = f"{sft.__doc__}\n\nEvery config field is a flag: --section.field-name (YAML for lists and mappings)."
+    _main(sft_command(_sft, _sft_options(), help=help_text), ctx)
+
+
+def _main(command, ctx: typer.Context) -> None:
+    """Run a generated click command on the arguments typer passed through; usage errors end in one line."""
+    import click
+
+    try:
+        command.main(ctx.args, prog_name=ctx.command_path, standalone_mode=False)
+    except click.UsageError as e:  # a bad flag or value: one line, as every other error here
+        _fail(e.format_message())
+    except click.Abort:
+        _fail("interrupted", code=130)
+
+
+def _sft_options() -> list:
+    """`agentrl sft`'s own options; every other flag is a field of `SFTConfig`."""
+    import click
+
+    return [
+        click.Option(["--config"], type=click.Path(path_type=Path),
+                     help="YAML SFT config (see configs/*-sft.yaml); flags override it."),
+        click.Option(["--env-arg"], multiple=True, metavar="KEY=VALUE",
+                     help="Env constructor argument (repeatable), merged into env.kwargs."),
+        click.Option(["--overwrite"], is_flag=True, help="Replace a run already saved in --output."),
+    ]
+
+
+def _sft(overrides: dict, config: Path | None, env_arg: tuple[str, ...], overwrite: bool) -> None:
+    """`agentrl sft`'s body: `overrides` are the config flags given (dotted path -> value)."""
+    from agentrl.cluster import ClusterError
+    from agentrl.config import ConfigError, apply_overrides
     from agentrl.models import UnknownModelError, check_model_name
-    from agentrl.recipes.sft import SFTConfig, SFTError, load_sft_config, run_sft
+    from agentrl.recipes.sft import SFTError, load_sft_config, run_sft
     from agentrl.registry import UnknownEnvError
     from agentrl.registry import spec as env_spec
+    from agentrl.training.backend import TrainerFailure
 
     try:
         cfg = load_sft_config(config)
-        values = config_to_dict(cfg)
-        flags = {"model": model, "data": str(data) if data else None, "demos": demos, "epochs": epochs,
-                 "batch_size": batch_size, "lr": lr, "eval_episodes": eval_episodes, "seed": seed,
-                 "output": str(output) if output else None, "compute_dtype": compute_dtype}
-        values |= {k: v for k, v in flags.items() if v is not None}
-        if env is not None and env != cfg.env.id:
-            values["env"] = {"id": env, "kwargs": {}, "seed_offset": cfg.env.seed_offset}
-        if env_arg:
-            values["env"]["kwargs"] = {**values["env"]["kwargs"], **_parse_kwargs(env_arg)}
-        if max_turns is not None:
-            values["rollout"]["max_turns"] = max_turns
-        cfg = _build(SFTConfig, values)
+        _merge_env_args(overrides, cfg, env_arg)
+        cfg = apply_overrides(cfg, overrides)
         env_spec(cfg.env.id)
         check_model_name(cfg.model)
         out = run_sft(cfg, overwrite=overwrite)
-    except (ConfigError, SFTError, UnknownModelError, UnknownEnvError) as e:
+    except (ConfigError, SFTError, UnknownModelError, UnknownEnvError, ClusterError, TrainerFailure) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("interrupted; nothing was checkpointed", code=130)
@@ -220,6 +206,20 @@ def sft(
     typer.echo(summary)
     typer.echo(f"SFT run saved in {out} (metrics.jsonl, curves.png, checkpoint/, eval/); continue with RL: "
                f"agentrl run --env {cfg.env.id} --model {out / 'checkpoint'}")
+
+
+def _merge_env_args(overrides: dict, cfg, env_arg: tuple[str, ...]) -> None:
+    """--env-arg KEY=VALUE merges into env.kwargs; a new --env starts from no kwargs (the old ones were its env's)."""
+    from agentrl.config import ConfigError
+
+    env = overrides.get("env.id")
+    if env_arg:
+        base = overrides.get("env.kwargs", cfg.env.kwargs if env is None else {})
+        if not isinstance(base, dict):
+            raise ConfigError(f"env.kwargs: expected a mapping, got {base!r}")
+        overrides["env.kwargs"] = {**base, **_parse_kwargs(list(env_arg))}
+    elif env is not None and env != cfg.env.id and "env.kwargs" not in overrides:
+        overrides["env.kwargs"] = {}  # the default kwargs belong to the default env
 
 
 @app.command("eval")
@@ -248,10 +248,12 @@ def eval_(
     engine: str = typer.Option("auto", "--engine",
                                 help="Inference engine: auto (vLLM where it serves the model), hf or vllm."),
     engine_dtype: str = typer.Option("", "--engine-dtype", help="Engine precision (default: the model's)."),
+    engines: int = typer.Option(1, "--engines", help="Engine replicas (>1: Ray actors)."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Compare two eval folders: A B."),
 ) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
     from agentrl.cluster import ClusterError
+    from agentrl.config import ConfigError, EngineConfig, EnvConfig, RunnersConfig
     from agentrl.models import UnknownModelError
     from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, evaluate, load_results
     from agentrl.recipes.report import print_comparison, print_results
@@ -271,14 +273,16 @@ def eval_(
         overrides = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty}
         cfg = EvalConfig(
-            env_id=env, model=model, split=split, episodes=episodes, ks=ks, samples_per_task=samples_per_task,
-            env_kwargs=_parse_kwargs(env_arg), max_turns=max_turns, max_new_tokens=max_new_tokens,
-            seed_offset=EVAL_SEED_OFFSET if seed_offset is None else seed_offset, seed=seed, thinking=thinking,
+            model=model, split=split, episodes=episodes, ks=ks, samples_per_task=samples_per_task,
+            env=EnvConfig(id=env, kwargs=_parse_kwargs(env_arg), max_turns=max_turns,
+                          seed_offset=EVAL_SEED_OFFSET if seed_offset is None else seed_offset),
+            engine=EngineConfig(kind=engine, dtype=engine_dtype, replicas=engines),
+            runners=RunnersConfig(count=runners), max_new_tokens=max_new_tokens, seed=seed, thinking=thinking,
             sampling_overrides={key: v for key, v in overrides.items() if v is not None}, output=str(output),
-            runners=runners, ray_address=ray_address, engine=engine, engine_dtype=engine_dtype,
+            ray_address=ray_address,
         )
         results = evaluate(cfg)
-    except (EvalError, UnknownModelError, UnknownEnvError, ClusterError) as e:
+    except (EvalError, ConfigError, UnknownModelError, UnknownEnvError, ClusterError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("interrupted; nothing was written", code=130)

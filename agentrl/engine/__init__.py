@@ -5,6 +5,8 @@ Engines own their weights (`update_weights(named_tensors, version)`). `HFEngine`
 builds one in the driver or several as Ray actors.
 """
 
+from typing import Any
+
 from agentrl.engine.base import (
     EngineError,
     EngineRequest,
@@ -17,8 +19,17 @@ from agentrl.engine.base import (
 from agentrl.engine.factory import EngineSpec
 from agentrl.engine.hf import HFEngine
 from agentrl.engine.launch import build_engines, choose_engine
-from agentrl.engine.requests import BatchedRequests, as_request_engine
+from agentrl.engine.requests import BatchedRequests
 
 __all__ = ["BatchedRequests", "EngineError", "EngineRequest", "EngineResult", "EngineSpec",
-           "Generation", "HFEngine", "InferenceEngine", "RequestEngine", "SamplingParams", "as_request_engine",
+           "Generation", "HFEngine", "InferenceEngine", "RequestEngine", "SamplingParams", "VLLMEngine",
            "build_engines", "choose_engine"]
+
+
+def __getattr__(name: str) -> Any:
+    """`VLLMEngine` on first use: its module is only imported when asked for (see the module docstring)."""
+    if name == "VLLMEngine":
+        from agentrl.engine.vllm import VLLMEngine
+
+        return VLLMEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

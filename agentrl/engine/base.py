@@ -6,7 +6,11 @@ Two ways to ask for samples:
 
 * `InferenceEngine.generate`: a batch of prompts in, one `Generation` each out (lockstep).
 * `RequestEngine.submit` / `poll`: one request per episode turn, results as they finish (continuous batching). The
-  rollout loop speaks this one; `agentrl.engine.requests.as_request_engine` adapts a batch-only engine to it.
+  rollout loop, the scheduler and `agentrl eval` speak this one only; `agentrl.engine.requests.BatchedRequests`
+  adapts a batch-only engine to it.
+
+Every capability the loop uses is a method of the protocol, so no caller probes an engine for what it has: an engine
+with nothing to do for one of them implements it as a no-op and says why.
 """
 
 from __future__ import annotations
@@ -148,6 +152,10 @@ class InferenceEngine(Protocol):
         """Counters since the previous call (e.g. the prefix-cache hit rate), for the step's metrics."""
         ...
 
+    def clear_cache(self) -> None:
+        """Drop whatever the engine keeps between calls (the HF engine's prefixes); see `RequestEngine.clear_cache`."""
+        ...
+
 
 class RequestEngine(Protocol):
     """A continuous-batching backend: requests go in one at a time and come back as each finishes."""
@@ -169,6 +177,14 @@ class RequestEngine(Protocol):
 
     def metrics(self) -> dict[str, float]:
         """As `InferenceEngine.metrics`."""
+        ...
+
+    def clear_cache(self) -> None:
+        """Drop what the engine keeps for episodes that have ended; the rollout loop calls it after every rollout.
+
+        Episodes never outlive their rollout, so prefixes kept for them can never match again. Engines whose cache
+        looks after itself (vLLM's block pool, the replicas of an engine-actor pool) do nothing.
+        """
         ...
 
     def sleep(self) -> None:

@@ -12,9 +12,9 @@ import dataclasses
 import threading
 from typing import Any
 
-from agentrl.engine.base import EngineRequest, EngineResult, InferenceEngine, NamedTensors, RequestEngine
+from agentrl.engine.base import EngineRequest, EngineResult, InferenceEngine, NamedTensors
 
-__all__ = ["BatchedRequests", "as_request_engine"]
+__all__ = ["BatchedRequests"]
 
 
 class BatchedRequests:
@@ -32,8 +32,12 @@ class BatchedRequests:
 
     @property
     def policy_version(self) -> int:
-        """The wrapped engine's version."""
-        return int(getattr(self.engine, "policy_version", 0))
+        """The wrapped engine's version (setting it tags the wrapped engine's weights, as engine actors do)."""
+        return int(self.engine.policy_version)
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.engine.policy_version = int(version)
 
     def submit(self, request: EngineRequest) -> None:
         """Queue `request` for the next `poll`."""
@@ -61,16 +65,13 @@ class BatchedRequests:
             self.engine.update_weights(named_tensors, version)
 
     def metrics(self) -> dict[str, float]:
-        """The wrapped engine's metrics (none when it keeps no counters)."""
-        metrics = getattr(self.engine, "metrics", None)
-        return metrics() if metrics is not None else {}
+        """The wrapped engine's metrics."""
+        return self.engine.metrics()
 
     def clear_cache(self) -> None:
         """Drop the prefixes the wrapped engine keeps between calls (HFEngine), never during a `poll`."""
-        clear = getattr(self.engine, "clear_cache", None)
-        if clear is not None:
-            with self._lock:
-                clear()
+        with self._lock:
+            self.engine.clear_cache()
 
     def sleep(self) -> None:
         """Drop what the wrapped engine keeps between calls (its prefixes are already dropped after each rollout)."""
@@ -82,9 +83,3 @@ class BatchedRequests:
     def close(self) -> None:
         """Nothing to release: the wrapped engine lives in this process."""
 
-
-def as_request_engine(engine: Any) -> RequestEngine:
-    """`engine` itself when it speaks `submit` / `poll`, else a `BatchedRequests` over its `generate`."""
-    if hasattr(engine, "submit") and hasattr(engine, "poll"):
-        return engine
-    return BatchedRequests(engine)

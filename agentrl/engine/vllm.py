@@ -347,6 +347,13 @@ class VLLMEngine:
                 raise EngineError("vLLM refused to reset its prefix cache after a weight update")
             self.policy_version = int(version)
 
+    def clear_cache(self) -> None:
+        """Nothing to drop after a rollout: vLLM evicts cached prefix blocks itself when it needs room.
+
+        Its KV cache is allocated once, so cached blocks cost no memory, and `update_weights` already resets them
+        (no prefix of old weights is ever reused).
+        """
+
     def sleep(self) -> None:
         """Sleep mode: drop the KV cache and offload the weights to host memory (level 1); without it, nothing."""
         with self._lock:

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.cluster import start_ray
 from agentrl.engine.base import EngineError, EngineRequest, EngineResult, NamedTensors
 from agentrl.engine.factory import EngineSpec, build_engine, write_model_files
 
@@ -59,8 +60,7 @@ class EngineActor:
         threading.Thread(target=self._serve, name="engine-serve", daemon=True).start()
 
     def _set_version(self, version: int) -> None:
-        inner = getattr(self.engine, "engine", self.engine)  # `BatchedRequests` keeps its engine's version
-        inner.policy_version = int(version)
+        self.engine.policy_version = int(version)
 
     async def ready(self) -> int:
         """The actor's pid, once its engine is built."""
@@ -131,15 +131,15 @@ class EngineActor:
 
     async def sleep(self) -> None:
         """The engine's `sleep` (colocated layout: the trainer on this GPU is about to train)."""
-        await asyncio.get_running_loop().run_in_executor(None, self._locked, "sleep")
+        await asyncio.get_running_loop().run_in_executor(None, self._locked, self.engine.sleep)
 
     async def wake_up(self) -> None:
         """The engine's `wake_up`."""
-        await asyncio.get_running_loop().run_in_executor(None, self._locked, "wake_up")
+        await asyncio.get_running_loop().run_in_executor(None, self._locked, self.engine.wake_up)
 
-    def _locked(self, method: str) -> None:
+    def _locked(self, method: Callable[[], None]) -> None:
         with self.engine_lock:
-            getattr(self.engine, method)()
+            method()
 
     # vLLM's weight-sync control plane, driven by `NcclWeightSync` (GPU build only).
 
@@ -191,8 +191,6 @@ class EngineActorPool:
     def __init__(self, spec: EngineSpec, files: dict[str, bytes], *, replicas: int, version: int = 0,
                  address: str | None = None, actor_options: Callable[[int], dict[str, Any]] | None = None):
         import ray
-
-        from agentrl.rollout.pool import start_ray
 
         self._owns_ray = start_ray(address)
         self.policy_version = int(version)
@@ -355,6 +353,13 @@ class EngineActorPool:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 self._replica_died(replica, e)
+
+    def clear_cache(self) -> None:
+        """Nothing to drop from the driver: every replica looks after its own prefixes.
+
+        Each keeps them within its own budget (least recently used go first) and drops them at every weight update,
+        so a Ray call per replica after each rollout would buy nothing.
+        """
 
     def sleep(self) -> None:
         """Every live replica's `sleep` (waits for all); a replica that died is restarted awake at the next poll."""

@@ -28,21 +28,31 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agentrl.config import ConfigError, ContextConfig, RunConfig, load_config
-from agentrl.engine.base import SamplingParams
+from agentrl.chat.layout import resolve_context
+from agentrl.config import (
+    ConfigError,
+    ContextConfig,
+    EngineConfig,
+    EnvConfig,
+    RunConfig,
+    RunnersConfig,
+    load_config,
+)
+from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.engine.launch import choose_engine
 from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
 from agentrl.records import Trajectory, save_trajectories
 
+if TYPE_CHECKING:
+    from agentrl.rollout.pool import LocalPool, RayPool
+
 __all__ = [
     "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
     "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling",
-    "training_context",
-    "training_env_kwargs",
 ]
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -205,22 +215,12 @@ def _training_run(model: str) -> RunConfig | None:
         raise EvalError(f"cannot read the training run's settings: {e}") from None
 
 
-def training_context(model: str) -> ContextConfig | None:
-    """The context a checkpoint was trained with: ``RUN/config.yaml``'s when `model` is ``RUN/checkpoint``."""
-    run = _training_run(model)
-    return None if run is None else run.context
-
-
-def training_env_kwargs(model: str, env_id: str) -> dict[str, Any]:
-    """The env arguments a checkpoint was trained with, when it trained on `env_id` (``split`` left out).
+def _env_kwargs_of(run: RunConfig | None, env_id: str) -> dict[str, Any]:
+    """The env arguments `run` trained with, when it trained on `env_id` (``split`` left out).
 
     A policy trained on one observation format (the phone's compact screens, say) and evaluated on another is
     measured off its distribution; evaluating with the run's own arguments is what a user means by default.
     """
-    return _env_kwargs_of(_training_run(model), env_id)
-
-
-def _env_kwargs_of(run: RunConfig | None, env_id: str) -> dict[str, Any]:
     if run is None or run.env.id != env_id:
         return {}
     return {k: v for k, v in run.env.kwargs.items() if k != "split"}
@@ -258,57 +258,47 @@ def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mappin
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What `agentrl eval` runs.
+    """What `agentrl eval` runs: RL's `env`, `engine`, `runners` and `context` sections, and what only eval has.
 
     Attributes:
-        env_id: registry id.
         model: built-in name, local folder (a run's ``checkpoint/``) or hub id.
+        env: the env, its arguments, the first task seed (held-out seeds from `EVAL_SEED_OFFSET` by default) and the
+            model calls per episode (envs with their own step budget end sooner).
+        engine: the engine kind (``auto``: vLLM where it serves the model, else HF; the results record the kind used;
+            the sampler seed reproduces results within one kind, not across), replicas (more than one runs them as
+            Ray actors, as ``agentrl run --engines`` does), precision (empty: the model's) and batch size.
+        runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
+        context: how prompts are built; None = the training run's own (from ``RUN/config.yaml`` when `model` is
+            ``RUN/checkpoint``), else the defaults.
         split: held-out split; None = ``test`` where the env has splits.
         episodes: tasks (env seeds) to evaluate.
         ks: the k of pass@k to report.
         samples_per_task: episodes per task (n of pass@k); None = max(ks).
-        env_kwargs: env constructor arguments.
-        max_turns: model calls per episode (envs with their own step budget end sooner).
-        max_new_tokens: per turn.
-        max_context_tokens: an episode whose prompt grows past this is truncated.
-        seed_offset: first task seed.
+        max_new_tokens: per turn. Eval samples at the model's official settings, not the training sampler's, so
+            this is eval's own budget rather than RL's `sampling` section.
         seed: sampler seed (the same seed gives the same results).
-        engine_batch_size: prompts per forward pass (HF engine).
-        engine: ``hf`` (transformers, sampling from the loaded module), ``vllm`` (continuous batching, prefix
-            caching; the CPU build here) or ``auto`` (vLLM where it serves the model, else HF; the results record the
-            kind used). The sampler seed reproduces results within one engine kind, not across.
-        engine_dtype: the engine's precision; empty: the model's.
-        runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
-        ray_address: join this Ray cluster instead of starting a local one.
         thinking: force thinking on / off; None = what the checkpoint trained with, else the family default.
-        context: how prompts are built (`agentrl.config.ContextConfig`); None = the training run's own (from
-            ``RUN/config.yaml`` when `model` is ``RUN/checkpoint``), else the defaults.
         sampling_overrides: flags overriding the official settings, e.g. ``{"temperature": 1.0}``.
+        ray_address: join this Ray cluster instead of starting a local one (env runners and engines, as in training).
         output: folder for results.json, report.html and trajectories.jsonl.
         confidence: level of every interval.
         transcripts: sampled episodes shown in the report.
     """
 
-    env_id: str
     model: str
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(seed_offset=EVAL_SEED_OFFSET, max_turns=20))
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    runners: RunnersConfig = field(default_factory=RunnersConfig)
+    context: ContextConfig | None = None
     split: str | None = None
     episodes: int = 32
     ks: tuple[int, ...] = (1,)
     samples_per_task: int | None = None
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    max_turns: int = 20
     max_new_tokens: int = 256
-    max_context_tokens: int = 4096
-    seed_offset: int = EVAL_SEED_OFFSET
     seed: int = 0
-    engine_batch_size: int = 32
-    engine: str = "auto"
-    engine_dtype: str = ""
-    runners: int = 0
-    ray_address: str | None = None
     thinking: bool | None = None
-    context: ContextConfig | None = None
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
+    ray_address: str | None = None
     output: str = "runs/eval"
     confidence: float = 0.95
     transcripts: int = 6
@@ -319,25 +309,16 @@ class EvalConfig:
         return self.samples_per_task if self.samples_per_task is not None else max(self.ks)
 
     def validate(self) -> None:
-        """Raise `EvalError` naming the first bad field."""
+        """Raise `EvalError` naming the first bad field (the sections check their own fields when built)."""
         if self.episodes < 1:
             raise EvalError(f"--episodes must be >= 1, got {self.episodes}")
         if not self.ks or min(self.ks) < 1:
             raise EvalError(f"--k must list positive integers, got {list(self.ks)}")
-        if self.engine not in ("auto", "hf", "vllm"):
-            raise EvalError(f"--engine must be auto, hf or vllm, got {self.engine!r}")
-        if self.engine_dtype not in ("", "float32", "bfloat16", "float16"):
-            raise EvalError(f"--engine-dtype must be float32, bfloat16 or float16, got {self.engine_dtype!r}")
         if self.n < max(self.ks):
             raise EvalError(f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task, "
                             f"got --samples-per-task {self.n}")
-        if self.runners < 0:
-            raise EvalError(f"--runners must be >= 0 (0 runs envs in this process), got {self.runners}")
-        if self.max_turns < 1 or self.max_new_tokens < 1:
-            raise EvalError(f"--max-turns and --max-new-tokens must be >= 1, got {self.max_turns}, "
-                            f"{self.max_new_tokens}")
-        if self.seed_offset < 0:
-            raise EvalError(f"--seed-offset must be >= 0 (env seeds cannot be negative), got {self.seed_offset}")
+        if self.max_new_tokens < 1:
+            raise EvalError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 < self.confidence < 1:
             raise EvalError(f"confidence must be in (0, 1), got {self.confidence}")
 
@@ -435,23 +416,23 @@ def _print_settings(console, resolved: ResolvedSampling, trained: Mapping[str, A
         console.print(f"[yellow]ignored (the engine cannot apply them):[/] {', '.join(resolved.ignored)}")
 
 
-def _collect(cfg: EvalConfig, seeds: Sequence[int], tasks_per_chunk: int, resolved: ResolvedSampling, engine,
-             policy, env_kwargs: Mapping[str, Any], pool, bar, rollout_kwargs: Mapping[str, Any]) -> list[Trajectory]:
-    """Play `cfg.n` episodes of every task seed, a chunk of whole tasks at a time, with `ContextConfig` kwargs."""
-    import agentrl
-    from agentrl.rollout.loop import collect_trajectories
+def _collect(cfg: EvalConfig, seeds: Sequence[int], resolved: ResolvedSampling, engine: RequestEngine,
+             tokenizer, pool: LocalPool | RayPool, bar, rollout_kwargs: Mapping[str, Any]) -> list[Trajectory]:
+    """Play `cfg.n` episodes of every task seed through the RL rollout loop, a chunk of whole tasks at a time."""
+    from agentrl.rollout.loop import run_rollout
 
     trajectories: list[Trajectory] = []
+    tasks_per_chunk = _tasks_per_chunk(cfg)
     for chunk_index, first in enumerate(range(0, len(seeds), tasks_per_chunk)):
         chunk = seeds[first : first + tasks_per_chunk]
         params = resolved.params if resolved.params.seed is None else replace(
             resolved.params, seed=resolved.params.seed + 100_003 * chunk_index)
         done_before = bar.n
-        got = collect_trajectories(
-            lambda: agentrl.make(cfg.env_id, **env_kwargs), cfg.env_id, chunk, cfg.n, engine, policy.tokenizer,
-            params, max_turns=cfg.max_turns, max_context_tokens=cfg.max_context_tokens, pool=pool, **rollout_kwargs,
-            on_turn=lambda finished, _total, base=done_before: bar.update(base + finished - bar.n),
-        )
+        got = run_rollout(
+            pool, cfg.env.id, chunk, cfg.n, engine, tokenizer, params, max_turns=cfg.env.max_turns,
+            max_context_tokens=cfg.context.max_context_tokens, policy_version=0, **rollout_kwargs,
+            on_progress=lambda stats, base=done_before: bar.update(base + stats.episodes_done - bar.n),
+        ).trajectories
         trajectories += [replace(t, group_id=first + t.group_id) for t in got]
         bar.update(done_before + len(got) - bar.n)
     return trajectories
@@ -462,33 +443,36 @@ def _tasks_per_chunk(cfg: EvalConfig) -> int:
 
     Chunks keep memory bounded and the progress bar moving.
     """
-    return max(1, (2 * cfg.engine_batch_size) // cfg.n)
+    return max(1, (2 * cfg.engine.batch_size) // cfg.n)
 
 
-def _build_engine(cfg: EvalConfig, policy):
-    """The engine the evaluation samples from.
+def _build_engine(cfg: EvalConfig, policy) -> RequestEngine:
+    """The engine(s) the evaluation samples from, built as training builds them (`agentrl.engine.build_engines`).
 
-    Evaluation never changes the weights, so the HF engine samples from the loaded module itself (no copy); vLLM
-    reads the same weights from a saved folder (`agentrl.engine.build_engines`).
+    Evaluation never changes the weights, so an in-process HF engine samples from the loaded module itself (no
+    copy, unless `cfg.engine.dtype` asks for another precision); vLLM and engine actors read the same weights from a
+    saved folder.
     """
-    if cfg.engine == "hf":
-        from agentrl.engine.hf import HFEngine
-
-        return HFEngine(policy.model, policy.tokenizer, batch_size=cfg.engine_batch_size, share_module=True)
     import torch
 
     from agentrl.engine import EngineError, EngineSpec, build_engines
     from agentrl.engine.kv_cache import size_kv_cache
 
-    dtype = cfg.engine_dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    context = cfg.max_context_tokens + cfg.max_new_tokens
-    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks).
-    kv_gib, _ = size_kv_cache(policy.model.config, torch.finfo(getattr(torch, dtype)).bits // 8,
-                              _tasks_per_chunk(cfg) * cfg.n, context)
-    spec = EngineSpec(kind=cfg.engine, dtype=dtype, batch_size=cfg.engine_batch_size, seed=cfg.seed,
+    dtype = cfg.engine.dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    context = cfg.context.max_context_tokens + cfg.max_new_tokens
+    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks), spread over the engines.
+    episodes = math.ceil(_tasks_per_chunk(cfg) * cfg.n / cfg.engine.replicas)
+    available = None
+    if cfg.engine.replicas > 1 and not cfg.ray_address:  # local replicas share this machine's memory
+        import psutil
+
+        available = psutil.virtual_memory().available // cfg.engine.replicas
+    kv_gib = cfg.engine.kv_cache_gib or size_kv_cache(
+        policy.model.config, torch.finfo(getattr(torch, dtype)).bits // 8, episodes, context, available)[0]
+    spec = EngineSpec(kind=cfg.engine.kind, dtype=dtype, batch_size=cfg.engine.batch_size, seed=cfg.seed,
                       max_model_len=context, kv_cache_gib=kv_gib)
     try:
-        return build_engines(spec, policy)
+        return build_engines(spec, policy, replicas=cfg.engine.replicas, ray_address=cfg.ray_address, share_module=True)
     except EngineError as e:
         raise EvalError(str(e)) from None
 
@@ -513,17 +497,17 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
 
     console = console or Console()
     cfg.validate()
-    spec = agentrl.spec(cfg.env_id)
+    spec = agentrl.spec(cfg.env.id)
     trained_run = _training_run(cfg.model)  # RUN/config.yaml: the env arguments and context it trained with
-    trained_kwargs = _env_kwargs_of(trained_run, cfg.env_id)
+    trained_kwargs = _env_kwargs_of(trained_run, cfg.env.id)
     if trained_kwargs:  # --env-arg wins key by key
         console.print(f"env arguments from the training run (config.yaml): {trained_kwargs}"
-                      + (f"; --env-arg sets {sorted(cfg.env_kwargs)}" if cfg.env_kwargs else ""))
-    env_kwargs, split = resolve_split(cfg.env_id, spec.load(), trained_kwargs | dict(cfg.env_kwargs), cfg.split)
+                      + (f"; --env-arg sets {sorted(cfg.env.kwargs)}" if cfg.env.kwargs else ""))
+    env_kwargs, split = resolve_split(cfg.env.id, spec.load(), trained_kwargs | dict(cfg.env.kwargs), cfg.split)
     try:
-        agentrl.make(cfg.env_id, **env_kwargs).close()
+        agentrl.make(cfg.env.id, **env_kwargs).close()
     except (TypeError, ValueError, OSError) as e:
-        raise EvalError(f"bad arguments for env {cfg.env_id!r} {env_kwargs}: {e}") from None
+        raise EvalError(f"bad arguments for env {cfg.env.id!r} {env_kwargs}: {e}") from None
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise EvalError(f"cannot write results to {out}: it is a file, --output needs a folder")
@@ -539,7 +523,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     context = cfg.context or run_context or ContextConfig()
     # Named before resolving ("auto" settings), which builds a new object.
     context_source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"
-    context, _ = context.resolved(spec.load(), policy.tokenizer, policy.family)
+    context, _ = resolve_context(context, spec.load(), policy.tokenizer, policy.family)
+    cfg = replace(cfg, context=context)
     thinking, thinking_source = cfg.thinking, "flag"
     if thinking is None and context.enable_thinking is not None:
         thinking, thinking_source = context.enable_thinking, context_source
@@ -548,33 +533,28 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     _print_settings(console, resolved, trained)
 
-    kind, why = choose_engine(cfg.engine, policy.model, cfg.model)
-    if kind != cfg.engine:
+    kind, why = choose_engine(cfg.engine.kind, policy.model, cfg.model)
+    if kind != cfg.engine.kind:
         console.print(f"engine: {kind} ({why})")
-        cfg = replace(cfg, engine=kind)
+        cfg = replace(cfg, engine=replace(cfg.engine, kind=kind))
+    # The training run's context (observation role, recap, family, per-turn budgets), thinking as resolved.
+    rollout_kwargs = replace(context, enable_thinking=resolved.chat_kwargs.get("enable_thinking")).rollout_kwargs(
+        policy.family)
     torch.manual_seed(cfg.seed)
     engine = _build_engine(cfg, policy)
-    seeds = [cfg.seed_offset + i for i in range(cfg.episodes)]
-    tasks_per_chunk = _tasks_per_chunk(cfg)
+    seeds = [cfg.env.seed_offset + i for i in range(cfg.episodes)]
     start = time.perf_counter()
     bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
-               desc=f"eval {cfg.env_id} x {policy.name}")
+               desc=f"eval {cfg.env.id} x {policy.name}")
     from agentrl.rollout.pool import EnvMaker, make_pool
 
-    # The same runner pools as training: env steps in Ray actors (shared env state, fault tolerance), or in-process.
-    pool = make_pool(EnvMaker(cfg.env_id, dict(env_kwargs)), cfg.runners, address=cfg.ray_address) \
-        if cfg.runners > 0 else None
     try:
-        # The training run's context (observation role, recap, family, per-turn budgets), thinking as resolved.
-        rollout_kwargs = replace(context, enable_thinking=resolved.chat_kwargs.get("enable_thinking")).rollout_kwargs(
-            policy.family)
-        trajectories = _collect(cfg, seeds, tasks_per_chunk, resolved, engine, policy, env_kwargs, pool, bar,
-                                rollout_kwargs)
+        # The same runner pools as training: env steps in Ray actors (shared env state, fault tolerance), or
+        # in-process.
+        with make_pool(EnvMaker(cfg.env.id, dict(env_kwargs)), cfg.runners.count, address=cfg.ray_address) as pool:
+            trajectories = _collect(cfg, seeds, resolved, engine, policy.tokenizer, pool, bar, rollout_kwargs)
     finally:
-        if pool is not None:
-            pool.close()
-        if cfg.engine != "hf":
-            engine.close()
+        engine.close()
     bar.close()
     seconds = time.perf_counter() - start
 
@@ -585,12 +565,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     results = {
         "agentrl_version": getattr(agentrl, "__version__", ""),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "env": {"id": cfg.env_id, "kwargs": env_kwargs, "split": split},
+        "env": {"id": cfg.env.id, "kwargs": env_kwargs, "split": split},
         "model": {"name": cfg.model, "family": policy.family, "generation_config": policy.generation_config},
-        "tasks": {"seed_offset": cfg.seed_offset, "episodes": cfg.episodes, "samples_per_task": cfg.n,
-                  "ks": list(cfg.ks), "max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens},
+        "tasks": {"seed_offset": cfg.env.seed_offset, "episodes": cfg.episodes, "samples_per_task": cfg.n,
+                  "ks": list(cfg.ks), "max_turns": cfg.env.max_turns,
+                  "max_context_tokens": cfg.context.max_context_tokens},
         "sampling": resolved.to_dict(),
-        "engine": {"kind": cfg.engine, "dtype": cfg.engine_dtype or "model"},
+        "engine": {"kind": cfg.engine.kind, "dtype": cfg.engine.dtype or "model", "engines": cfg.engine.replicas},
         "context": asdict(context) | {"source": context_source},
         "trained_with": trained,
         "confidence": cfg.confidence,

@@ -8,38 +8,53 @@ observation roles included), and each turn's `generated_ids` are the tokens the 
 expert's action, end-of-turn token included. `agentrl.chat.samples.trajectory_to_samples` then turns them into the very
 samples RL trains on, so the loss mask is RL's: 1 exactly on the agent's own tokens.
 
-The loss is the mean negative log-likelihood of those tokens over the batch (`sft_loss`). A run folder gets
+The loss is the mean negative log-likelihood of those tokens over the batch (`sft_loss`). It runs through RL's
+training backend (`agentrl.training.backend`, as a `LikelihoodObjective`): in this process (``trainers: 0``) or on
+FSDP2 worker actors over Ray (``--trainers N``), which give the same update. A run folder gets
 metrics.jsonl (one line per optimizer step), curves.png, checkpoint/ (the layout of `agentrl run`, so
 ``agentrl run --model RUN/checkpoint`` and ``agentrl eval --model RUN/checkpoint`` take it), sft_config.yaml,
-config.yaml (its model, env, rollout and context sections in RL's layout: `agentrl eval` rebuilds the prompts from it),
+config.yaml (its model, env, sampling and context sections in RL's layout: `agentrl eval` rebuilds the prompts from it),
 sampling.json, summary.json and eval/ (held-out success through `agentrl.recipes.evaluate`).
 
 Choices, and why:
     * Only successful expert episodes are kept: a demonstration that fails is not gold. How many were dropped is
       reported.
     * Every sample of a trajectory is one sequence; the loss divides by the loss tokens of the whole optimizer batch
-      (a global denominator, as in the RL trainer), so the micro-batch grouping never changes the gradient.
+      (a global denominator, as in the RL trainer), so neither the micro-batch grouping nor the number of trainer
+      workers changes the gradient.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import yaml
 
 from agentrl.chat.context import ChatContext
+from agentrl.chat.layout import resolve_context
 from agentrl.chat.samples import trajectory_to_samples
-from agentrl.config import DTYPES, ConfigError, ContextConfig, EnvConfig, RolloutConfig, load_yaml
+from agentrl.config import (
+    ConfigError,
+    ContextConfig,
+    EnvConfig,
+    OptimConfig,
+    SamplingConfig,
+    TrainerConfig,
+    load_yaml,
+)
 from agentrl.env import TextEnv
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
+from agentrl.training.backend import TrainingBackend
 from agentrl.training.metrics import plot_metrics
 
 __all__ = ["SFTConfig", "SFTError", "load_sft_config", "reply_ids", "expert_trajectory", "expert_demonstrations",
@@ -53,17 +68,30 @@ class SFTError(ValueError):
 
 @dataclass
 class SFTConfig:
-    """Everything `agentrl sft` needs.
+    """Everything `agentrl sft` needs: RL's sections where they mean the same, and the settings only SFT has.
 
-    The `rollout` and `context` sections are RL's: the same turn and context budgets, chat family, observation role
-    and thinking mode, so demonstrations are rendered exactly as RL will render the episodes.
+    `env`, `sampling` and `context` are RL's (the same turn and context budgets, chat family, observation role and
+    thinking mode, so demonstrations are rendered exactly as RL will render the episodes); `trainer` and `optim` are
+    RL's too (workers, precision, micro-batch tokens, memory; AdamW), so SFT trains through the same backend.
     """
+
+    MOVED: ClassVar[dict[str, str]] = {
+        **{f"rollout.{k}": v for k, v in (("max_turns", "env.max_turns"), ("max_new_tokens", "sampling.max_new_tokens"),
+                                           ("max_context_tokens", "context.max_context_tokens"))},
+        **{k: f"trainer.{k}" for k in ("micro_batch_tokens", "micro_batch_size", "gradient_checkpointing",
+                                        "memory_limit_gb", "dtype", "compute_dtype")},
+        **{k: f"optim.{k}" for k in ("lr", "weight_decay", "grad_clip")},
+        "trainers": "trainer.workers",
+    }
+    """Keys of the earlier flat layout and where they live now."""
 
     model: str = "smollm2-135m"
     """A built-in, a local Hugging Face folder (a checkpoint included) or a hub id."""
     env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5))
     data: str = ""
     """A JSONL of demonstrations (saved trajectories or chat messages); empty: the env's expert plays."""
     demos: int = 32
@@ -72,23 +100,8 @@ class SFTConfig:
     """Passes over the demonstrations."""
     batch_size: int = 8
     """Samples per optimizer step."""
-    micro_batch_tokens: int = 8192
-    """Padded tokens per forward/backward pass (samples x longest), as in RL: the memory knob; the gradient does
-    not depend on it."""
-    micro_batch_size: int = 0
-    """Optional cap on samples per forward/backward pass (0 = only the token budget counts)."""
-    gradient_checkpointing: str = "auto"
-    """``on``, ``off`` or ``auto``: on when RL's memory plan says the pass would not fit otherwise."""
-    memory_limit_gb: float = 0.0
-    """Memory a training pass may use; 0 = what the machine has available when the run starts."""
-    lr: float = 5e-5
-    """AdamW learning rate (constant after a linear warm-up of `warmup_steps`)."""
     warmup_steps: int = 2
-    """Optimizer steps of linear learning-rate warm-up."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    grad_clip: float = 1.0
-    """Max global gradient norm (0 = off)."""
+    """Optimizer steps of linear learning-rate warm-up (then `optim.lr`, constant)."""
     val_demos: int = 0
     """Expert episodes on the held-out split (eval seeds) whose agent-token NLL is measured before and after training:
     a validation loss that costs one forward pass per episode, far less than `eval_episodes` rollouts."""
@@ -103,27 +116,18 @@ class SFTConfig:
     """Seeds torch, the sample order and the evaluation sampler."""
     output: str = ""
     """Run folder; empty: a new ``runs/sft-<env>-<model>-<date>-<time>``."""
-    dtype: str = "float32"
-    """Training precision."""
-    compute_dtype: str = ""
-    """Autocast the matmuls to this dtype (``bfloat16``; empty = off); weights and AdamW state stay in `dtype`.
-    ~1.8x faster on a CPU with AVX512-BF16 (see ``trainer.compute_dtype`` of `agentrl run`)."""
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "micro_batch_tokens"):
+        for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("demos", "warmup_steps", "eval_episodes", "weight_decay", "grad_clip", "max_seconds",
-                     "micro_batch_size", "val_demos", "memory_limit_gb"):
+        for name in ("demos", "warmup_steps", "eval_episodes", "max_seconds", "val_demos"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.gradient_checkpointing not in ("on", "off", "auto"):
-            raise ConfigError(f"gradient_checkpointing must be on, off or auto, got {self.gradient_checkpointing!r}")
-        if self.compute_dtype not in ("", *DTYPES):
-            raise ConfigError(f"compute_dtype must be empty (off) or one of {', '.join(DTYPES)}, "
-                              f"got {self.compute_dtype!r}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr!r}")
+        if self.optim.n_minibatches != 1:
+            raise ConfigError("optim.n_minibatches is RL's (updates per rollout batch); SFT steps once per batch_size")
+        if self.trainer.gpus_per_worker:
+            raise ConfigError("trainer.gpus_per_worker: SFT trainer workers run on CPU; leave it 0")
         if not self.data and self.demos < 1:
             raise ConfigError("demos must be >= 1 when no data file is given (the expert plays that many episodes)")
 
@@ -354,14 +358,14 @@ def _demonstrations(cfg: SFTConfig, policy, out: Path) -> tuple[list[Trajectory]
     else:
         seeds = range(cfg.env.seed_offset, cfg.env.seed_offset + cfg.demos)
         played = expert_demonstrations(lambda: agentrl.make(cfg.env.id, **cfg.env.kwargs), cfg.env.id, seeds,
-                                       policy.tokenizer, max_turns=cfg.rollout.max_turns,
-                                       max_context_tokens=cfg.rollout.max_context_tokens, **options)
+                                       policy.tokenizer, max_turns=cfg.env.max_turns,
+                                       max_context_tokens=cfg.context.max_context_tokens, **options)
         trajectories = [t for t in played if t.success]
         source = {"source": "expert", "episodes": len(played), "dropped_unsuccessful": len(played) - len(trajectories)}
         if not trajectories:
             raise SFTError(f"the {cfg.env.id} expert solved none of {len(played)} episodes within "
-                           f"max_turns={cfg.rollout.max_turns} and max_context_tokens="
-                           f"{cfg.rollout.max_context_tokens}: raise those budgets")
+                           f"max_turns={cfg.env.max_turns} and max_context_tokens="
+                           f"{cfg.context.max_context_tokens}: raise those budgets")
     save_trajectories(trajectories, out / "demonstrations.jsonl", append=False)
     turns = [t for traj in trajectories for t in traj.turns]
     source |= {"kept": len(trajectories), "turns_mean": len(turns) / max(len(trajectories), 1),
@@ -378,25 +382,68 @@ def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
                               {k: v for k, v in cfg.env.kwargs.items() if k != "split"}, None)
     played = expert_demonstrations(lambda: agentrl.make(cfg.env.id, **kwargs), cfg.env.id,
                                    range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + cfg.val_demos), policy.tokenizer,
-                                   max_turns=cfg.rollout.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
+                                   max_turns=cfg.env.max_turns, max_context_tokens=cfg.context.max_context_tokens,
                                    **_context_kwargs(cfg, policy))
     return [s for t in played if t.success for s in trajectory_to_samples(t, 1.0) if s.num_loss_tokens]
 
 
-def demonstration_nll(model: torch.nn.Module, samples: Sequence[Sample], pad_id: int, token_budget: int,
-                      compute_dtype: torch.dtype | None = None) -> float:
-    """Mean negative log-likelihood per agent token of `samples` (no gradient; `compute_dtype` as in training)."""
-    from agentrl.training.logprobs import token_logprobs
+def demonstration_nll(backend: TrainingBackend, samples: Sequence[Sample], pad_id: int, token_budget: int) -> float:
+    """Mean negative log-likelihood per agent token of `samples` under the backend's weights (no gradient)."""
+    from agentrl.training.backend import ScoreRequest
     from agentrl.training.microbatch import collate, pack_by_tokens
 
     total = sum(s.num_loss_tokens for s in samples)
-    nll = 0.0
-    with torch.no_grad():
-        for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget):
-            mb = collate([samples[i] for i in chunk], pad_id)
-            logp, _ = token_logprobs(model, mb, compute_dtype=compute_dtype)
-            nll += float(sft_loss(logp, mb.loss_mask, total))
-    return nll
+    batches = [collate([samples[i] for i in chunk], pad_id)
+               for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget)]
+    scored = backend.score([ScoreRequest(mb) for mb in batches])  # one call: trainer workers share the passes
+    return sum(float(sft_loss(s.logp, mb.loss_mask, total)) for s, mb in zip(scored, batches))
+
+
+def _check_trainers(cfg: SFTConfig) -> None:
+    """Refuse more CPU trainer workers than this machine has cores, before anything loads."""
+    cores = os.cpu_count() or 1
+    if cfg.trainer.workers > cores:
+        raise SFTError(f"more workers than devices: --trainers {cfg.trainer.workers} on CPU needs a core per worker "
+                       f"and this machine has {cores}. Use --trainers {cores} or fewer")
+
+
+def _memory_limit(cfg: SFTConfig) -> int:
+    """Bytes one training pass may use: the setting, else (with workers) this machine's free memory per process."""
+    if cfg.trainer.memory_limit_gb or not cfg.trainer.workers:
+        return int(cfg.trainer.memory_limit_gb * 2**30)  # 0: the plan reads what is available now
+    import psutil
+
+    # The workers and the driver share the machine.
+    return psutil.virtual_memory().available // (cfg.trainer.workers + 1)
+
+
+def _build_backend(cfg: SFTConfig, policy, memory, stack: contextlib.ExitStack) -> TrainingBackend:
+    """RL's backend from the `trainer` and `optim` sections: one process, or FSDP workers on a local Ray.
+
+    `stack` releases what this starts. Either holds the model and its AdamW, so the checkpoint has RL's layout exactly
+    (``shards/`` with workers).
+    """
+    from agentrl.training.factory import build_backend
+
+    placement = None
+    if cfg.trainer.workers:
+        from agentrl.cluster import start_ray
+        from agentrl.training.placement import Placement, PlacementPlan
+
+        if start_ray(num_cpus=(os.cpu_count() or 1) + cfg.trainer.workers):
+            import ray
+
+            stack.callback(ray.shutdown)
+        placement = Placement(PlacementPlan(cfg.trainer.workers))
+        stack.callback(placement.close)
+    # Every worker seeds torch with the run seed before loading, as this process did: random-init built-ins start
+    # from the weights a one-process run starts from.
+    backend = build_backend(cfg.trainer, cfg.optim, memory, policy=policy, source=cfg.model, placement=placement,
+                            seed=cfg.seed)
+    stack.callback(backend.close)
+    if not backend.trains_in_place:
+        policy.model.to("meta")  # the workers own the trained weights; a replica here would only cost memory
+    return backend
 
 
 def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -> Path:
@@ -404,16 +451,17 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     Raises:
         SFTError, ConfigError: bad input, before any training.
+        ClusterError: Ray cannot place `cfg.trainer.workers` workers.
+        TrainerFailure: a trainer worker died or failed (nothing was checkpointed).
     """
     from tqdm import tqdm
 
     import agentrl
     from agentrl.models import load_model
+    from agentrl.training.backend import LikelihoodObjective, UpdateRequest
     from agentrl.training.checkpoint import TrainerState, save_checkpoint
-    from agentrl.training.logprobs import compute_dtype_of, token_logprobs
     from agentrl.training.memory import plan_training_memory
     from agentrl.training.microbatch import collate, pack_by_tokens
-    from agentrl.training.single import SingleProcessBackend
 
     if not cfg.output:
         cfg = dataclasses.replace(cfg, output=str(default_sft_dir(cfg)))
@@ -424,6 +472,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         raise SFTError(f"{out} already holds a run; replace it with --overwrite or choose another --output")
     if cfg.data and not Path(cfg.data).is_file():
         raise SFTError(f"demonstrations file not found: {cfg.data}")
+    _check_trainers(cfg)
     agentrl.spec(cfg.env.id)
     try:
         agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
@@ -434,16 +483,15 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
 
-    policy = load_model(cfg.model, dtype=getattr(torch, cfg.dtype))
+    policy = load_model(cfg.model, dtype=getattr(torch, cfg.trainer.dtype))
     model, tokenizer = policy.model, policy.tokenizer
-    compute_dtype = compute_dtype_of(cfg.compute_dtype)
     # `observation_role: auto` resolves exactly as RL resolves it, so demonstrations have RL's sample layout.
-    context, _ = cfg.context.resolved(agentrl.spec(cfg.env.id).load(), tokenizer, policy.family)
+    context, _ = resolve_context(cfg.context, agentrl.spec(cfg.env.id).load(), tokenizer, policy.family)
     cfg = dataclasses.replace(cfg, context=context)
     (out / "sft_config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     # config.yaml in RL's layout: `agentrl eval --model RUN/checkpoint` rebuilds the trained-on prompts from it.
     (out / "config.yaml").write_text(yaml.safe_dump(
-        {k: dataclasses.asdict(cfg)[k] for k in ("model", "env", "rollout", "context")}, sort_keys=False))
+        {k: dataclasses.asdict(cfg)[k] for k in ("model", "env", "sampling", "context")}, sort_keys=False))
     trajectories, source = _demonstrations(cfg, policy, out)
     samples: list[Sample] = [s for traj in trajectories for s in trajectory_to_samples(traj, 1.0)]
     samples = [s for s in samples if s.num_loss_tokens > 0]
@@ -451,69 +499,58 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     validation = _validation_samples(cfg, policy) if cfg.val_demos else []
-    val_before = (demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens, compute_dtype)
-                  if validation else None)
     # RL's memory plan: gradient checkpointing when a pass of the token budget would not fit (a shared machine
     # OOM-killed a WebShop SFT pass of 4 x 1,350 tokens at 9 GB without it).
     memory = plan_training_memory(
-        model, dtype_bytes=torch.finfo(model.dtype).bits // 8, token_budget=cfg.micro_batch_tokens,
-        longest_sample=max((len(x.input_ids) for x in samples), default=0), checkpointing=cfg.gradient_checkpointing,
-        engine_copy=False, limit_bytes=int(cfg.memory_limit_gb * 2**30))
-    # RL's single-process backend holds the model and its AdamW, so the checkpoint has RL's layout exactly.
-    backend = SingleProcessBackend(policy, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay,
-                                   gradient_checkpointing=memory.gradient_checkpointing)
-    optimizer = backend.optimizer
+        model, dtype_bytes=torch.finfo(model.dtype).bits // 8, token_budget=cfg.trainer.micro_batch_tokens,
+        longest_sample=max((len(x.input_ids) for x in samples), default=0),
+        checkpointing=cfg.trainer.gradient_checkpointing, engine_copy=False, limit_bytes=_memory_limit(cfg),
+        shards=max(cfg.trainer.workers, 1))
     order = torch.Generator().manual_seed(cfg.seed)
     lengths = [len(s.input_ids) for s in samples]
     batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
     total_steps = cfg.epochs * batches_per_epoch
-    model.train()
     step = 0
-    t_loop = time.perf_counter()
     out_of_time = False
-    bar = tqdm(total=total_steps, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}", unit="step")
-    for epoch in range(cfg.epochs):
-        perm = torch.randperm(len(samples), generator=order).tolist()
-        for b in range(batches_per_epoch):
-            out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t_loop > cfg.max_seconds
+    with contextlib.ExitStack() as stack:  # trainer workers and a Ray started here end with the training
+        backend = _build_backend(cfg, policy, memory, stack)
+        budget = cfg.trainer.micro_batch_tokens
+        val_before = demonstration_nll(backend, validation, pad_id, budget) if validation else None
+        t_loop = time.perf_counter()
+        bar = tqdm(total=total_steps, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}", unit="step")
+        for epoch in range(cfg.epochs):
+            perm = torch.randperm(len(samples), generator=order).tolist()
+            for b in range(batches_per_epoch):
+                out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t_loop > cfg.max_seconds
+                if out_of_time:
+                    break
+                t0 = time.perf_counter()
+                members = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+                batch = [samples[i] for i in members]
+                num_tokens = sum(s.num_loss_tokens for s in batch)
+                lr = _lr_at(step, cfg.optim.lr, cfg.warmup_steps)
+                requests = [UpdateRequest(collate([samples[i] for i in chunk], pad_id), None)
+                            for chunk in pack_by_tokens(lengths, members, budget, cfg.trainer.micro_batch_size)]
+                done = backend.accumulate(requests, LikelihoodObjective(sft_loss, num_tokens))
+                if not all(r.finite for r in done):
+                    raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.optim.lr})")
+                loss_sum = sum(r.metrics["loss"] for r in done)  # the batch's mean token NLL
+                grad_norm = backend.step(cfg.optim.grad_clip, lr)
+                row = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm,
+                       "samples": len(batch), "loss_tokens": num_tokens,
+                       "tokens": sum(len(s.input_ids) for s in batch), "step_seconds": time.perf_counter() - t0}
+                with open(out / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps({k: v if not isinstance(v, float) or math.isfinite(v) else None
+                                        for k, v in row.items()}) + "\n")
+                bar.update(1)
+                bar.set_postfix({"loss": f"{loss_sum:.3f}"})
+                step += 1
             if out_of_time:
                 break
-            t0 = time.perf_counter()
-            members = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
-            batch = [samples[i] for i in members]
-            num_tokens = sum(s.num_loss_tokens for s in batch)
-            lr = _lr_at(step, cfg.lr, cfg.warmup_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for chunk in pack_by_tokens(lengths, members, cfg.micro_batch_tokens, cfg.micro_batch_size):
-                mb = collate([samples[i] for i in chunk], pad_id)
-                logp, _ = token_logprobs(model, mb, compute_dtype=compute_dtype)  # [n, T]; never [n, T, V] logits
-                loss = sft_loss(logp, mb.loss_mask, num_tokens)
-                if not torch.isfinite(loss):
-                    raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.lr})")
-                loss.backward()
-                loss_sum += float(loss.detach())
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)) \
-                if cfg.grad_clip > 0 else float("nan")
-            optimizer.step()
-            row = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm,
-                   "samples": len(batch), "loss_tokens": num_tokens,
-                   "tokens": sum(len(s.input_ids) for s in batch), "step_seconds": time.perf_counter() - t0}
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({k: v if not isinstance(v, float) or math.isfinite(v) else None
-                                    for k, v in row.items()}) + "\n")
-            bar.update(1)
-            bar.set_postfix({"loss": f"{loss_sum:.3f}"})
-            step += 1
-        if out_of_time:
-            break
-    bar.close()
-    t_train = time.perf_counter() - t_start - t_data
-    val_after = (demonstration_nll(model, validation, pad_id, cfg.micro_batch_tokens, compute_dtype)
-                 if validation else None)
-    save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, 1, order))
+        bar.close()
+        t_train = time.perf_counter() - t_start - t_data
+        val_after = demonstration_nll(backend, validation, pad_id, budget) if validation else None
+        save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, backend.world_size, order))
     # `agentrl eval RUN/checkpoint` reads the thinking mode the checkpoint was trained with from here.
     (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.context.chat_kwargs()}))
     plot_sft_curves(out / "metrics.jsonl", out / "curves.png")
@@ -525,15 +562,15 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         summary["validation"] = {"samples": len(validation), "split_seeds_from": "eval (held-out split)",
                                  "nll_before": val_before, "nll_after": val_after}
     if cfg.eval_episodes:
-        from agentrl.recipes.evaluate import EvalConfig, evaluate
+        from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, evaluate
 
         overrides = {} if cfg.eval_temperature is None else {"temperature": cfg.eval_temperature}
+        env = dataclasses.replace(cfg.env, kwargs={k: v for k, v in cfg.env.kwargs.items() if k != "split"},
+                                  seed_offset=EVAL_SEED_OFFSET)
         results = evaluate(EvalConfig(
-            env_id=cfg.env.id, model=str(out / "checkpoint"), episodes=cfg.eval_episodes,
-            env_kwargs={k: v for k, v in cfg.env.kwargs.items() if k != "split"}, max_turns=cfg.rollout.max_turns,
-            max_new_tokens=cfg.rollout.max_new_tokens, max_context_tokens=cfg.rollout.max_context_tokens,
-            seed=cfg.seed, thinking=cfg.context.enable_thinking, context=cfg.context, sampling_overrides=overrides,
-            output=str(out / "eval")), progress=progress)
+            model=str(out / "checkpoint"), env=env, episodes=cfg.eval_episodes,
+            max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed, thinking=cfg.context.enable_thinking,
+            context=cfg.context, sampling_overrides=overrides, output=str(out / "eval")), progress=progress)
         summary["eval"] = {"success_rate": results["overall"]["success_rate"],
                            "reward_mean": results["overall"]["reward_mean"], "split": results["env"]["split"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

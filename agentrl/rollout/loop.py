@@ -27,34 +27,71 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
 
 from agentrl.chat.context import ChatContext
 from agentrl.chat.roundtrip import check_roundtrip
-from agentrl.engine.base import EngineRequest, EngineResult, InferenceEngine, RequestEngine, SamplingParams
-from agentrl.engine.requests import as_request_engine
-from agentrl.env import TextEnv
+from agentrl.engine.base import EngineRequest, EngineResult, RequestEngine, SamplingParams
 from agentrl.records import Trajectory, Turn
-from agentrl.rollout.pool import Completion, EnvFailure, LocalPool, RayPool
+from agentrl.rollout.pool import Completion, EnvFailure, LocalPool, RayPool, StepResult
 
-__all__ = ["collect_trajectories", "run_rollout", "Episode", "RolloutResult", "RolloutStats", "RolloutInterrupted"]
+__all__ = ["run_rollout", "PendingTurn", "RolloutResult", "RolloutStats", "RolloutInterrupted"]
 
 log = logging.getLogger(__name__)
 
 _SESSIONS = itertools.count()  # engine sessions: one per episode attempt, unique in the process
 
 
+@dataclass(frozen=True)
+class PendingTurn:
+    """A sampled turn whose action is with the env: every field of its `Turn` but what the env step returns.
+
+    Attributes:
+        prompt_ids: the context the engine was given.
+        generated_ids: what it sampled, verbatim.
+        rollout_logprobs: log mu of each generated token.
+        action: the text sent to `env.step`.
+        finish_reason: the engine's (``"stop"`` / ``"length"``).
+        new_segment: the prompt does not extend the previous turn's full sequence (see `Turn.new_segment`).
+        generate_seconds: wall time from the request's submission to its result.
+        routed_experts: MoE experts the engine chose, or None.
+        roundtrip_drift: how re-tokenizing the reply differs from `generated_ids` (``""``: it does not).
+    """
+
+    prompt_ids: tuple[int, ...]
+    generated_ids: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    action: str
+    finish_reason: str
+    new_segment: bool
+    generate_seconds: float
+    routed_experts: np.ndarray | None
+    roundtrip_drift: str
+
+    def completed(self, step: StepResult) -> Turn:
+        """The finished `Turn`, with the env's answer to the action."""
+        return Turn(self.prompt_ids, self.generated_ids, self.rollout_logprobs, self.action, step.observation,
+                    step.reward, finish_reason=self.finish_reason, new_segment=self.new_segment,
+                    generate_seconds=self.generate_seconds, env_seconds=step.seconds,
+                    routed_experts=self.routed_experts, roundtrip_drift=self.roundtrip_drift)
+
+
 @dataclass
-class Episode:
+class _Episode:
     """Mutable state of one running episode (internal to the loop; frozen into a `Trajectory` at the end)."""
 
-    env: TextEnv | None
     seed: int
     group_id: int
-    context: ChatContext | None
-    prompt: list[int]
-    first_observation: str
+    index: int
+    attempts: int = 0
+    collateral: int = 0
+    context: ChatContext | None = None
+    prompt: list[int] = field(default_factory=list)
+    first_observation: str = ""
     task_type: str = ""
     turns: list[Turn] = field(default_factory=list)
     new_segment: bool = False
@@ -62,13 +99,19 @@ class Episode:
     success: bool = False
     terminated: bool = False
     truncated: bool = False
-    index: int = 0
-    attempts: int = 0
-    collateral: int = 0
     slot: int = -1
     policy_version: int | None = None
-    pending_turn: dict | None = None
+    pending_turn: PendingTurn | None = None
     session: int = -1
+
+    def freeze(self, env_id: str) -> Trajectory:
+        """The finished episode as a `Trajectory`."""
+        return Trajectory(
+            env_id=env_id, seed=self.seed, group_id=self.group_id, turns=tuple(self.turns),
+            first_observation=self.first_observation, total_return=sum(t.reward for t in self.turns),
+            success=self.success, terminated=self.terminated, truncated=self.truncated or not self.done,
+            policy_version=self.policy_version or 0, task_type=self.task_type,
+        )
 
 
 @dataclass
@@ -134,21 +177,12 @@ class RolloutInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def _freeze(ep: Episode, env_id: str) -> Trajectory:
-    return Trajectory(
-        env_id=env_id, seed=ep.seed, group_id=ep.group_id, turns=tuple(ep.turns),
-        first_observation=ep.first_observation, total_return=sum(t.reward for t in ep.turns),
-        success=ep.success, terminated=ep.terminated, truncated=ep.truncated or not ep.done,
-        policy_version=ep.policy_version or 0, task_type=ep.task_type,
-    )
-
-
 def run_rollout(
     pool: LocalPool | RayPool,
     env_id: str,
     seeds: Sequence[int],
     group_size: int,
-    engine: InferenceEngine | RequestEngine,
+    engine: RequestEngine,
     tokenizer,
     sampling: SamplingParams,
     *,
@@ -158,7 +192,7 @@ def run_rollout(
     chat_kwargs: dict | None = None,
     max_episode_retries: int = 2,
     on_progress: Callable[[RolloutStats], None] | None = None,
-    context_options: dict | None = None,
+    context_options: Mapping[str, Any] | None = None,
     max_new_tokens_by_turn: Sequence[int] = (),
 ) -> RolloutResult:
     """Play `group_size` episodes for each seed through `pool`; return the complete groups (group i = seeds[i]).
@@ -168,13 +202,14 @@ def run_rollout(
         env_id: recorded in each trajectory.
         seeds: one task per seed.
         group_size: episodes per seed (a group).
-        engine: samples the model's replies: a batch engine (`generate`) or a request engine (`submit` / `poll`).
+        engine: samples the model's replies (`agentrl.engine.build_engines`; a batch-only engine goes in wrapped in
+            `agentrl.engine.requests.BatchedRequests`).
         tokenizer: renders contexts with its chat template.
         sampling: sampling settings; `sampling.seed` (if set) is varied per engine call.
         max_turns: model calls per episode; an episode still running after that is truncated.
         max_context_tokens: an episode whose next prompt would be longer is truncated.
-        policy_version: recorded in each trajectory; None records the engine's `policy_version` (0 when it has
-            none) at the episode's first engine call, i.e. the oldest weights that sampled the episode.
+        policy_version: recorded in each trajectory; None records the engine's `policy_version` at the episode's
+            first engine call, i.e. the oldest weights that sampled the episode.
         chat_kwargs: chat-template variables (e.g. ``{"enable_thinking": False}``).
         max_episode_retries: re-runs of a failed episode before its group is dropped.
         on_progress: called after every engine call and every batch of env results with the live counters.
@@ -182,247 +217,240 @@ def run_rollout(
             ``recap_actions``, ``tools``).
         max_new_tokens_by_turn: per-turn generation budgets: turn i gets entry ``min(i, len - 1)``; empty uses
             ``sampling.max_new_tokens`` for every turn.
+
+    Raises:
+        RolloutInterrupted: Ctrl-C; it carries the groups that had finished.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    stats = RolloutStats(episodes=len(seeds) * group_size)
-    t_start = time.perf_counter()
-    todo: deque[Episode] = deque(
-        Episode(None, int(seed), group_id, None, [], "", index=i)
-        for group_id, seed in enumerate(seeds) for i in range(group_size)
-    )
-    finished: dict[int, list[Episode]] = {g: [] for g in range(len(seeds))}
-    dropped: set[int] = set()
-    free_slots = list(range(min(pool.slots, len(todo))))[::-1]
-    fresh_slots: set[int] = set()  # slots whose env failed: the next episode there gets a new env
-    by_slot: dict[int, Episode] = {}
-    waiting: list[Episode] = []  # have a prompt, need an action
+    settings = _Settings(env_id, group_size, sampling, max_turns, max_context_tokens, policy_version, chat_kwargs,
+                         max_episode_retries, dict(context_options or {}), tuple(max_new_tokens_by_turn))
+    return _Rollout(pool, engine, tokenizer, seeds, settings, on_progress).run()
 
-    def start_episodes() -> None:
-        while free_slots and todo:
-            ep = todo.popleft()
-            if ep.group_id in dropped:
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every episode of one rollout shares; the fields are `run_rollout`'s arguments of the same names."""
+
+    env_id: str
+    group_size: int
+    sampling: SamplingParams
+    max_turns: int
+    max_context_tokens: int
+    policy_version: int | None
+    chat_kwargs: dict | None
+    max_episode_retries: int
+    context_options: dict[str, Any]
+    max_new_tokens_by_turn: tuple[int, ...]
+
+
+class _Rollout:
+    """One rollout in the driver: episodes waiting to start, in their slots, waiting for the engine, finished.
+
+    Continuous batching: every waiting turn is its own engine request, submitted as soon as its observation is in;
+    results come back as each finishes, so an episode never waits for the slowest one of a round.
+    """
+
+    def __init__(self, pool: LocalPool | RayPool, engine: RequestEngine, tokenizer, seeds: Sequence[int],
+                 settings: _Settings, on_progress: Callable[[RolloutStats], None] | None):
+        self.pool, self.engine, self.tokenizer = pool, engine, tokenizer
+        self.settings, self.on_progress = settings, on_progress
+        self.t_start = time.perf_counter()
+        self.stats = RolloutStats(episodes=len(seeds) * settings.group_size)
+        self.todo: deque[_Episode] = deque(_Episode(int(seed), group_id, i) for group_id, seed in enumerate(seeds)
+                                           for i in range(settings.group_size))
+        self.finished: dict[int, list[_Episode]] = {g: [] for g in range(len(seeds))}
+        self.dropped: set[int] = set()
+        self.free_slots = list(range(min(pool.slots, len(self.todo))))[::-1]
+        self.fresh_slots: set[int] = set()  # slots whose env failed: the next episode there gets a new env
+        self.by_slot: dict[int, _Episode] = {}
+        self.waiting: list[_Episode] = []  # have a prompt, need an action
+        self.generating: dict[int, tuple[_Episode, float]] = {}  # request id -> (episode, submitted at)
+        self.next_request = 0
+
+    def run(self) -> RolloutResult:
+        """Play every episode to its end (or its group's drop) and return the complete groups."""
+        try:
+            while self.todo or self.by_slot:
+                self._start_episodes()
+                for completion in self.pool.poll(block=not self.waiting and not self.generating):
+                    self._on_env(completion)
+                self._start_episodes()
+                self._report()
+                self._submit_waiting()
+                if self.generating:
+                    self._on_engine()
+                    self._report()
+        except KeyboardInterrupt:
+            raise RolloutInterrupted(self._result()) from None
+        finally:
+            # Episodes never outlive their rollout: prefixes an engine kept for them (HFEngine) can never match again.
+            self.engine.clear_cache()
+        return self._result()
+
+    # -- slots -------------------------------------------------------------------------------------------------
+
+    def _start_episodes(self) -> None:
+        while self.free_slots and self.todo:
+            ep = self.todo.popleft()
+            if ep.group_id in self.dropped:
                 continue
-            slot = free_slots.pop()
-            ep.slot = slot
-            by_slot[slot] = ep
-            pool.submit_reset(slot, ep.seed, fresh=slot in fresh_slots)
-            fresh_slots.discard(slot)
+            ep.slot = self.free_slots.pop()
+            self.by_slot[ep.slot] = ep
+            self.pool.submit_reset(ep.slot, ep.seed, fresh=ep.slot in self.fresh_slots)
+            self.fresh_slots.discard(ep.slot)
 
-    def release(ep: Episode) -> None:
-        by_slot.pop(ep.slot, None)
-        free_slots.append(ep.slot)
+    def _release(self, ep: _Episode) -> None:
+        self.by_slot.pop(ep.slot, None)
+        self.free_slots.append(ep.slot)
 
-    def fail(ep: Episode, failure: EnvFailure) -> None:
+    def _finish(self, ep: _Episode) -> None:
+        self._release(ep)
+        if ep.group_id in self.dropped:
+            return
+        self.finished[ep.group_id].append(ep)
+        self.stats.episodes_done += 1
+
+    def _fail(self, ep: _Episode, failure: EnvFailure) -> None:
+        """Count the failure, then re-run the episode from its seed or, out of retries, drop its whole group."""
+        stats = self.stats
         stats.errors += 1
-        fresh_slots.add(ep.slot)
-        release(ep)
+        self.fresh_slots.add(ep.slot)
+        self._release(ep)
         line = f"{failure.kind} (group {ep.group_id}, seed {ep.seed}, attempt {ep.attempts + 1}): {failure.message}"
         stats.failures.append(line)
-        if ep.group_id in dropped:
+        if ep.group_id in self.dropped:
             return
         # A runner that died or restarted under a neighbour's hang says nothing about this episode's env: re-run it
         # without spending its retries (bounded, so a runner that keeps crashing still ends in a drop).
         innocent = failure.kind in ("actor_died", "actor_restarted") and ep.collateral < 10
-        if not innocent and ep.attempts >= max_episode_retries:
+        if not innocent and ep.attempts >= self.settings.max_episode_retries:
             log.warning("dropping group %d (seed %d) after %d failed attempts; last: %s", ep.group_id, ep.seed,
                         ep.attempts + 1, failure.message)
-            dropped.add(ep.group_id)
+            self.dropped.add(ep.group_id)
             stats.dropped_groups += 1
-            stats.episodes_done += group_size - len(finished[ep.group_id])
-            finished[ep.group_id] = []
+            stats.episodes_done += self.settings.group_size - len(self.finished[ep.group_id])
+            self.finished[ep.group_id] = []
             return
         log.warning("re-running episode from seed %d: %s", ep.seed, line)
         stats.retries += 1
-        todo.appendleft(Episode(None, ep.seed, ep.group_id, None, [], "", index=ep.index,
-                                attempts=ep.attempts + (not innocent), collateral=ep.collateral + innocent))
+        self.todo.appendleft(_Episode(ep.seed, ep.group_id, ep.index, attempts=ep.attempts + (not innocent),
+                                      collateral=ep.collateral + innocent))
 
-    def finish(ep: Episode) -> None:
-        release(ep)
-        if ep.group_id in dropped:
-            return
-        finished[ep.group_id].append(ep)
-        stats.episodes_done += 1
+    # -- env results -------------------------------------------------------------------------------------------
 
-    def handle(c: Completion) -> None:
-        ep = by_slot.get(c.slot)
+    def _on_env(self, c: Completion) -> None:
+        ep = self.by_slot.get(c.slot)
         if ep is None:
             return
         if isinstance(c.outcome, EnvFailure):
-            fail(ep, c.outcome)
-            return
-        res = c.outcome
-        if ep.group_id in dropped:  # its group is already gone: stop spending compute on it
-            release(ep)
-            return
-        if c.op == "reset":
-            ep.context = ChatContext(tokenizer, res.system_prompt, chat_kwargs, **(context_options or {}))
-            ep.first_observation = res.observation
-            ep.task_type = str(res.info.get("task_type", ""))
-            ep.prompt = ep.context.first_prompt(res.observation, res.info)
-            waiting.append(ep)
-            return
-        stats.env_steps += 1
-        stats.env_seconds += res.seconds
-        ep.turns.append(Turn(**ep.pending_turn, observation=res.observation, reward=res.reward,
-                             env_seconds=res.seconds))
+            self._fail(ep, c.outcome)
+        elif ep.group_id in self.dropped:  # its group is already gone: stop spending compute on it
+            self._release(ep)
+        elif c.op == "reset":
+            self._on_reset(ep, c.outcome)
+        else:
+            self._on_step(ep, c.outcome)
+
+    def _on_reset(self, ep: _Episode, res: StepResult) -> None:
+        ep.context = ChatContext(self.tokenizer, res.system_prompt, self.settings.chat_kwargs,
+                                 **self.settings.context_options)
+        ep.first_observation = res.observation
+        ep.task_type = str(res.info.get("task_type", ""))
+        ep.prompt = ep.context.first_prompt(res.observation, res.info)
+        self.waiting.append(ep)
+
+    def _on_step(self, ep: _Episode, res: StepResult) -> None:
+        self.stats.env_steps += 1
+        self.stats.env_seconds += res.seconds
+        ep.turns.append(ep.pending_turn.completed(res))
         ep.pending_turn = None
         if res.terminated or res.truncated:
             ep.done, ep.terminated, ep.truncated = True, res.terminated, res.truncated
             ep.success = bool(res.info.get("success", False))
-        elif len(ep.turns) >= max_turns:
+        elif len(ep.turns) >= self.settings.max_turns:
             ep.done, ep.truncated = True, True
         else:
             ep.prompt, ep.new_segment = ep.context.next_prompt(ep.turns[-1].generated_ids, res.observation)
-            if len(ep.prompt) > max_context_tokens:
+            if len(ep.prompt) > self.settings.max_context_tokens:
                 ep.done, ep.truncated = True, True
         if ep.done:
-            finish(ep)
+            self._finish(ep)
         else:
-            waiting.append(ep)
+            self.waiting.append(ep)
 
-    def report() -> None:
-        stats.seconds = time.perf_counter() - t_start
-        if on_progress is not None:
-            on_progress(stats)
+    # -- engine ------------------------------------------------------------------------------------------------
 
-    def submit(ep: Episode) -> None:
-        nonlocal next_request
-        turn = len(ep.turns)
-        params = sampling
-        if max_new_tokens_by_turn:
-            params = replace(params, max_new_tokens=int(max_new_tokens_by_turn[min(turn, len(max_new_tokens_by_turn)
-                                                                                   - 1)]))
-        if sampling.seed is not None:  # a seed per episode, attempt and turn: reproducible whatever the schedule
-            episode = ep.group_id * group_size + ep.index
-            params = replace(params, seed=(sampling.seed + 7919 * turn + 104729 * episode
-                                           + 15485863 * (ep.attempts + ep.collateral)) % 2**63)
+    def _submit_waiting(self) -> None:
+        for ep in self.waiting:
+            if ep.group_id in self.dropped:
+                self._release(ep)
+            else:
+                self._submit(ep)
+        self.waiting.clear()
+
+    def _submit(self, ep: _Episode) -> None:
         if ep.session < 0:
             ep.session = next(_SESSIONS)
-        request = EngineRequest(next_request, tuple(ep.prompt), params, session=ep.session)
-        generating[next_request] = (ep, time.perf_counter())
-        next_request += 1
-        requests.submit(request)
+        request = EngineRequest(self.next_request, tuple(ep.prompt), self._params(ep), session=ep.session)
+        self.generating[self.next_request] = (ep, time.perf_counter())
+        self.next_request += 1
+        self.engine.submit(request)
 
-    def on_generation(result: EngineResult) -> None:
-        ep, submitted_at = generating.pop(result.request_id)
-        if ep.group_id in dropped:  # its group is gone while the turn was sampled
-            release(ep)
+    def _params(self, ep: _Episode) -> SamplingParams:
+        """The turn's sampling settings: its token budget, and its own seed when the rollout is seeded."""
+        s, turn = self.settings, len(ep.turns)
+        params = s.sampling
+        if s.max_new_tokens_by_turn:
+            budgets = s.max_new_tokens_by_turn
+            params = replace(params, max_new_tokens=int(budgets[min(turn, len(budgets) - 1)]))
+        if params.seed is not None:  # a seed per episode, attempt and turn: reproducible whatever the schedule
+            episode = ep.group_id * s.group_size + ep.index
+            params = replace(params, seed=(params.seed + 7919 * turn + 104729 * episode
+                                           + 15485863 * (ep.attempts + ep.collateral)) % 2**63)
+        return params
+
+    def _on_engine(self) -> None:
+        t0 = time.perf_counter()
+        # Env calls in flight: come back soon for their results; none: wait for the engine.
+        results = self.engine.poll(timeout=0.02 if self.pool.in_flight else None)
+        self.stats.generate_seconds += time.perf_counter() - t0
+        for result in results:
+            self._on_generation(result)
+
+    def _on_generation(self, result: EngineResult) -> None:
+        ep, submitted_at = self.generating.pop(result.request_id)
+        if ep.group_id in self.dropped:  # its group is gone while the turn was sampled
+            self._release(ep)
             return
         gen = result.generation
-        version = policy_version if policy_version is not None else result.policy_version
-        ep.policy_version = int(version) if ep.policy_version is None else min(ep.policy_version, int(version))
+        version = self.settings.policy_version
+        version = int(result.policy_version if version is None else version)
+        ep.policy_version = version if ep.policy_version is None else min(ep.policy_version, version)
         action = ep.context.action_from_reply(gen.token_ids)
-        stats.generated_tokens += len(gen.token_ids)
-        ep.pending_turn = dict(
-            prompt_ids=tuple(ep.prompt), generated_ids=tuple(gen.token_ids),
-            rollout_logprobs=tuple(gen.logprobs), action=action, finish_reason=gen.finish_reason,
-            new_segment=ep.new_segment, generate_seconds=time.perf_counter() - submitted_at,
-            routed_experts=gen.routed_experts,
-            roundtrip_drift=check_roundtrip(tokenizer, ep.prompt, gen.token_ids).drift,
+        self.stats.generated_tokens += len(gen.token_ids)
+        ep.pending_turn = PendingTurn(
+            prompt_ids=tuple(ep.prompt), generated_ids=tuple(gen.token_ids), rollout_logprobs=tuple(gen.logprobs),
+            action=action, finish_reason=gen.finish_reason, new_segment=ep.new_segment,
+            generate_seconds=time.perf_counter() - submitted_at, routed_experts=gen.routed_experts,
+            roundtrip_drift=check_roundtrip(self.tokenizer, ep.prompt, gen.token_ids).drift,
         )
-        pool.submit_step(ep.slot, action)
+        self.pool.submit_step(ep.slot, action)
 
-    # Continuous batching: every waiting turn is its own engine request, submitted as soon as its observation is
-    # in; results come back as each finishes, so an episode never waits for the slowest one of a round.
-    requests = as_request_engine(engine)
-    generating: dict[int, tuple[Episode, float]] = {}
-    next_request = 0
-    try:
-        while todo or by_slot:
-            start_episodes()
-            for c in pool.poll(block=not waiting and not generating):
-                handle(c)
-            start_episodes()
-            report()
-            for ep in waiting:
-                if ep.group_id in dropped:
-                    release(ep)
-                else:
-                    submit(ep)
-            waiting.clear()
-            if not generating:
+    # -- progress and result -----------------------------------------------------------------------------------
+
+    def _report(self) -> None:
+        self.stats.seconds = time.perf_counter() - self.t_start
+        if self.on_progress is not None:
+            self.on_progress(self.stats)
+
+    def _result(self) -> RolloutResult:
+        """The complete groups so far, in group order (a dropped or unfinished group gives nothing)."""
+        self.stats.seconds = time.perf_counter() - self.t_start
+        trajectories = []
+        for group_id in sorted(self.finished):
+            eps = self.finished[group_id]
+            if group_id in self.dropped or len(eps) < self.settings.group_size:
                 continue
-            t0 = time.perf_counter()
-            # Env calls in flight: come back soon for their results; none: wait for the engine.
-            results = requests.poll(timeout=0.02 if pool.in_flight else None)
-            stats.generate_seconds += time.perf_counter() - t0
-            for result in results:
-                on_generation(result)
-            report()
-    except KeyboardInterrupt:
-        stats.seconds = time.perf_counter() - t_start
-        raise RolloutInterrupted(_result(finished, dropped, group_size, env_id, stats)) from None
-    finally:
-        # Episodes never outlive their rollout: prefixes an engine kept for them (HFEngine) can never match again.
-        clear_cache = getattr(engine, "clear_cache", None)
-        if clear_cache is not None:
-            clear_cache()
-    stats.seconds = time.perf_counter() - t_start
-    return _result(finished, dropped, group_size, env_id, stats)
-
-
-def _result(finished: dict[int, list[Episode]], dropped: set[int], group_size: int, env_id: str,
-            stats: RolloutStats) -> RolloutResult:
-    trajectories = []
-    for group_id in sorted(finished):
-        eps = finished[group_id]
-        if group_id in dropped or len(eps) < group_size:
-            continue
-        trajectories += [_freeze(ep, env_id) for ep in sorted(eps, key=lambda e: e.index)]
-    return RolloutResult(trajectories, stats)
-
-
-def collect_trajectories(
-    make_env: Callable[[], TextEnv],
-    env_id: str,
-    seeds: Sequence[int],
-    group_size: int,
-    engine: InferenceEngine | RequestEngine,
-    tokenizer,
-    sampling: SamplingParams,
-    *,
-    max_turns: int = 1,
-    max_context_tokens: int = 4096,
-    policy_version: int | None = 0,
-    chat_kwargs: dict | None = None,
-    on_turn: Callable[[int, int], None] | None = None,
-    pool: LocalPool | RayPool | None = None,
-    max_episode_retries: int = 2,
-    context_options: dict | None = None,
-    max_new_tokens_by_turn: Sequence[int] = (),
-) -> list[Trajectory]:
-    """Play `group_size` episodes for each seed and return them, grouped (group i = seeds[i]).
-
-    Args:
-        make_env: creates one env instance (used in the driver when `pool` is None).
-        env_id: recorded in each trajectory.
-        seeds: one task per seed.
-        group_size: episodes per seed (a group).
-        engine: samples the model's replies: a batch engine (`generate`) or a request engine (`submit` / `poll`).
-        tokenizer: renders contexts with its chat template.
-        sampling: sampling settings; `sampling.seed` (if set) is varied per turn so that runs are reproducible.
-        max_turns: model calls per episode; an episode still running after that is truncated.
-        max_context_tokens: an episode whose next prompt would be longer is truncated.
-        policy_version: recorded in each trajectory (None: the engine's `policy_version`).
-        chat_kwargs: chat-template variables (e.g. ``{"enable_thinking": False}``).
-        on_turn: called after each engine call with (episodes finished, episodes in all), for progress bars.
-        pool: a runner pool (`agentrl.rollout.pool.make_pool`); None runs every episode in the driver.
-        max_episode_retries: re-runs of a failed episode before its group is dropped (only complete groups return).
-        context_options: keyword arguments for each episode's `ChatContext` (see `run_rollout`).
-        max_new_tokens_by_turn: per-turn generation budgets (see `run_rollout`).
-    """
-    own_pool = pool is None
-    if pool is None:
-        pool = LocalPool(None, slots=max(1, len(seeds) * group_size), make_env=make_env)
-    on_progress = None if on_turn is None else (lambda s: on_turn(s.episodes_done, s.episodes))
-    try:
-        return run_rollout(pool, env_id, seeds, group_size, engine, tokenizer, sampling, max_turns=max_turns,
-                           max_context_tokens=max_context_tokens, policy_version=policy_version,
-                           chat_kwargs=chat_kwargs, max_episode_retries=max_episode_retries,
-                           on_progress=on_progress, context_options=context_options,
-                           max_new_tokens_by_turn=max_new_tokens_by_turn).trajectories
-    finally:
-        if own_pool:
-            pool.close()
-
+            trajectories += [ep.freeze(self.settings.env_id) for ep in sorted(eps, key=lambda e: e.index)]
+        return RolloutResult(trajectories, self.stats)

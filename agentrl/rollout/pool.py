@@ -246,22 +246,14 @@ class LocalPool:
 
     Args:
         maker: builds the envs.
-        slots: concurrent episodes (the rollout loop uses one slot per episode when it makes this pool itself).
-        make_env: optional zero-argument factory used instead of `maker.make` (the old `collect_trajectories`
-            calling convention).
+        slots: concurrent episodes.
     """
 
-    def __init__(self, maker: EnvMaker | None, slots: int, make_env: Callable[[], TextEnv] | None = None):
+    def __init__(self, maker: EnvMaker, slots: int):
         if slots < 1:
             raise ValueError(f"a pool needs at least one slot, got {slots}")
-        if maker is None and make_env is None:
-            raise ValueError("LocalPool needs an EnvMaker or a make_env factory")
         self.slots = slots
-        if make_env is not None:
-            maker = EnvMaker(getattr(maker, "env_id", "env"), entry_point=lambda: make_env())
-            self._slots = _Slots(maker, None)
-        else:
-            self._slots = _Slots(maker, maker.build_shared())
+        self._slots = _Slots(maker, maker.build_shared())
         self._done: list[Completion] = []
 
     def submit_reset(self, slot: int, seed: int, fresh: bool = False) -> None:

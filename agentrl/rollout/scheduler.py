@@ -32,11 +32,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.engine.base import InferenceEngine, RequestEngine, SamplingParams
-from agentrl.engine.requests import as_request_engine
+from agentrl.config import ContextConfig, EnvConfig, RunnersConfig, SchedulerConfig
+from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.records import Trajectory, save_trajectories
 from agentrl.rollout.buffer import FreshnessBuffer
 from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats, run_rollout
@@ -103,7 +103,34 @@ class RolloutScheduler:
             the trainers, and wakes before the next weight sync or rollout.
     """
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: InferenceEngine | RequestEngine,
+    @classmethod
+    def from_config(cls, *, env: EnvConfig, scheduler: SchedulerConfig, runners: RunnersConfig,
+                    context: ContextConfig, sampling: SamplingParams, engine: RequestEngine,
+                    weights: Callable[[], Iterable[tuple[str, Any]]], tokenizer, family: str | None,
+                    ray_address: str | None, start_step: int, stop_step: int, interrupted_path: Any = None,
+                    progress: Callable[[dict[str, str]], None] | None = None,
+                    sleep_between_rollouts: bool = False) -> RolloutScheduler:
+        """The scheduler a run's config asks for: its env, scheduler, runners and (resolved) context sections.
+
+        Step s plays the tasks ``env.seed_offset + s * prompts_per_step + i`` and samples with seed
+        ``sampling.seed + s`` (when seeded), so a resumed run replays exactly the steps it would have played.
+        """
+        per_step = scheduler.prompts_per_step
+        return cls(
+            env.id, env.kwargs, engine, weights, tokenizer,
+            seeds_for_step=lambda s: [env.seed_offset + s * per_step + i for i in range(per_step)],
+            sampling_for_step=lambda s: (sampling if sampling.seed is None
+                                         else replace(sampling, seed=sampling.seed + s)),
+            group_size=scheduler.group_size, runners=runners.count, runner_actors=runners.actors,
+            ray_address=ray_address, step_timeout=runners.step_timeout,
+            max_episode_retries=runners.max_episode_retries, sync_every=scheduler.sync_every,
+            async_rollout=scheduler.async_rollout, max_staleness=scheduler.max_staleness, start_step=start_step,
+            stop_step=stop_step,
+            rollout_kwargs=dict(max_turns=env.max_turns, max_context_tokens=context.max_context_tokens,
+                                **context.rollout_kwargs(family)),
+            interrupted_path=interrupted_path, progress=progress, sleep_between_rollouts=sleep_between_rollouts)
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: RequestEngine,
                  weights: Callable[[], Iterable[tuple[str, Any]]], tokenizer,
                  seeds_for_step: Callable[[int], list[int]], sampling_for_step: Callable[[int], SamplingParams],
                  group_size: int, *, runners: int = 0, runner_actors: int = 0, ray_address: str | None = None,
@@ -129,7 +156,7 @@ class RolloutScheduler:
         self.rollout_kwargs = dict(rollout_kwargs or {}, max_episode_retries=max_episode_retries)
         self.interrupted_path = interrupted_path
         self._progress = _Progress(progress)
-        self.engine = as_request_engine(engine)
+        self.engine = engine
         self._sync_seconds = 0.0
         self.pool = make_pool(maker or EnvMaker(env_id, dict(env_kwargs)), runners, actors=runner_actors,
                               step_timeout=step_timeout, address=ray_address)

@@ -10,8 +10,9 @@ named weights for the inference engines, and a sharded save / load. Two backends
   micro-batches.
 
 Calls take lists of micro-batches so a distributed backend can send each worker its share in one message. The loss
-stays a pure function (`agentrl.objective.policy_loss`), carried here as a picklable `PolicyObjective` so it runs
-wherever the weights are.
+stays a pure function carried in a picklable `Objective`, so it runs wherever the weights are: RL's
+(`agentrl.objective.policy_loss`) as a `PolicyObjective`, SFT's (`agentrl.recipes.sft.sft_loss`) as a
+`LikelihoodObjective`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 __all__ = [
-    "ScoreRequest", "Scored", "UpdateRequest", "PolicyObjective", "LossResult", "TrainingBackend",
-    "TrainerFailure",
+    "ScoreRequest", "Scored", "UpdateRequest", "Objective", "PolicyObjective", "LikelihoodObjective", "LossResult",
+    "TrainingBackend", "TrainerFailure",
 ]
 
 
@@ -81,6 +82,23 @@ class UpdateRequest:
     ref_logp: torch.Tensor | None = None
 
 
+class Objective(Protocol):
+    """The loss a backend runs on each micro-batch of one optimizer step; picklable, so trainer workers can run it.
+
+    Attributes:
+        with_entropy: the forward also computes the policy entropy `[n, T]` and hands it to the loss.
+        entropy_grad: the entropy keeps its gradient.
+    """
+
+    with_entropy: bool
+    entropy_grad: bool
+
+    def __call__(self, logp: torch.Tensor, request: UpdateRequest,
+                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss (a scalar that already divides by the step's global counts) and its metrics, of one micro-batch."""
+        ...
+
+
 @dataclass(frozen=True)
 class PolicyObjective:
     """The loss of one mini-batch, applied micro-batch by micro-batch with the mini-batch's global denominators.
@@ -112,11 +130,34 @@ class PolicyObjective:
 
 
 @dataclass(frozen=True)
+class LikelihoodObjective:
+    """A loss of the live log-probs and the loss mask alone (no pi_old, no advantages): supervised fine-tuning.
+
+    Attributes:
+        loss_fn: `sft_loss`-shaped: `(logp [n, T], loss_mask [n, T], num_tokens) -> loss []`; picklable (a
+            module-level function).
+        num_tokens: loss tokens in the whole optimizer batch (all micro-batches, all workers), so the micro-batch
+            losses sum to the batch's loss whatever the grouping.
+    """
+
+    loss_fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    num_tokens: int
+    with_entropy: ClassVar[bool] = False
+    entropy_grad: ClassVar[bool] = False
+
+    def __call__(self, logp: torch.Tensor, request: UpdateRequest,
+                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch, given its live log-probs `[n, T]`; its one metric is the loss itself."""
+        loss = self.loss_fn(logp, request.batch.loss_mask, self.num_tokens)  # []
+        return loss, {"loss": float(loss.detach())}
+
+
+@dataclass(frozen=True)
 class LossResult:
     """What the backward of one micro-batch reports.
 
     Attributes:
-        metrics: the loss's diagnostics (`policy_loss` metrics).
+        metrics: the objective's diagnostics (`policy_loss` metrics; the loss alone for `LikelihoodObjective`).
         loss_tokens: loss tokens in the micro-batch (the weight of its metrics in the step's means).
         finite: False when the loss was NaN or infinite (the optimizer step must not run).
         logp: the live log-probs `[n, T]`, only when the loss was not finite (to save the bad batch).
@@ -148,13 +189,14 @@ class TrainingBackend(Protocol):
         """pi_old log-probs and entropy of each micro-batch, without gradients, in the order given."""
         ...
 
-    def accumulate(self, requests: Sequence[UpdateRequest], objective: PolicyObjective) -> list[LossResult]:
+    def accumulate(self, requests: Sequence[UpdateRequest], objective: Objective) -> list[LossResult]:
         """Forward + backward of `objective` for each micro-batch; gradients add up until `step`."""
         ...
 
-    def step(self, grad_clip: float) -> float:
+    def step(self, grad_clip: float, lr: float | None = None) -> float:
         """Clip the gradient to `grad_clip` (0 = off), take one optimizer step, zero the gradients.
 
+        `lr`, when given, is the learning rate of this step and the next ones (a schedule's value); None keeps it.
         Returns the gradient norm before clipping (NaN when clipping is off).
         """
         ...

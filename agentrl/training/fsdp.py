@@ -5,7 +5,7 @@ and joins one process group (gloo on CPU, NCCL on GPU). The driver keeps no weig
 of the micro-batches (data parallel; micro-batch i goes to rank i mod N) and gets numbers back.
 
 Why the gradient equals the single-process one: every micro-batch's loss already divides by the whole mini-batch's
-sequence / token counts (`PolicyObjective`), so the single-process gradient is the SUM of the micro-batch gradients.
+sequence / token counts (the `Objective`), so the single-process gradient is the SUM of the micro-batch gradients.
 FSDP's reduce-scatter averages over ranks, so each rank multiplies its loss by the world size before the backward
 (a divide factor of 1 would say the same, but gloo has no pre-multiplied sum). A rank with fewer
 micro-batches than its peers runs zero-weighted forward + backward passes, because every FSDP forward and backward
@@ -42,7 +42,7 @@ import torch
 
 from agentrl.training.backend import (
     LossResult,
-    PolicyObjective,
+    Objective,
     Scored,
     ScoreRequest,
     TrainerFailure,
@@ -216,7 +216,7 @@ class TrainerWorker:
         return out
 
     def accumulate(self, requests: Sequence[UpdateRequest], idle: Sequence[UpdateRequest],
-                   objective: PolicyObjective) -> list[LossResult]:
+                   objective: Objective) -> list[LossResult]:
         """Forward + backward of this rank's micro-batches, then zero-weighted ones to match its peers."""
         # FSDP averages gradients over ranks; the loss is multiplied by the world size so the result is their sum.
         out = [_to_cpu(self.passes.accumulate(_to_device(r, self.device), objective, scale=self.world_size))
@@ -225,8 +225,14 @@ class TrainerWorker:
             self.passes.idle_backward(_to_device(r, self.device))
         return out
 
-    def step(self, grad_clip: float) -> float:
-        """Clip (global norm over all shards), AdamW step, zero the gradients; returns the norm before clipping."""
+    def step(self, grad_clip: float, lr: float | None = None) -> float:
+        """Clip (global norm over all shards), AdamW step (at `lr` when given), zero the gradients.
+
+        Returns the norm before clipping.
+        """
+        from agentrl.training.single import set_lr
+
+        set_lr(self.optimizer, lr)
         norm = float("nan")
         if grad_clip > 0:
             total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
@@ -400,7 +406,7 @@ class FSDPBackend:
                 out[i] = result
         return out
 
-    def accumulate(self, requests: Sequence[UpdateRequest], objective: PolicyObjective) -> list[LossResult]:
+    def accumulate(self, requests: Sequence[UpdateRequest], objective: Objective) -> list[LossResult]:
         """See `TrainingBackend.accumulate`."""
         shares = self._shares(requests)
         most = max(len(s) for s in shares)
@@ -412,9 +418,9 @@ class FSDPBackend:
                 out[i] = result
         return out
 
-    def step(self, grad_clip: float) -> float:
+    def step(self, grad_clip: float, lr: float | None = None) -> float:
         """See `TrainingBackend.step` (every rank computes the same global norm)."""
-        return self._call("step", [(grad_clip,)] * self.world_size)[0]
+        return self._call("step", [(grad_clip, lr)] * self.world_size)[0]
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """See `TrainingBackend.named_weights` (gathered on rank 0, sent through the Ray object store)."""

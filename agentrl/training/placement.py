@@ -54,6 +54,14 @@ class PlacementPlan:
                                f"(got {self.gpus_per_trainer}, {self.gpus_per_engine}, {self.engines} engines for "
                                f"{self.trainers} trainers)")
 
+    def describe(self) -> str:
+        """The reservation in words, for the run plan."""
+        parts = [f"{self.trainers} trainer worker(s) x {self.gpus_per_trainer:g} GPU"] if self.trainers else []
+        if self.engines:
+            parts.append(f"{self.engines} engine(s) " + ("sharing the trainers' GPUs" if self.colocate
+                                                         else f"x {self.gpus_per_engine:g} GPU"))
+        return ", ".join(parts)
+
     @property
     def gpus(self) -> float:
         """GPUs the plan needs in all."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrl.config import RunConfig
+from agentrl.config import LossConfig
 from agentrl.models import load_model
 
 __all__ = ["ReferencePolicy", "needs_reference", "load_reference"]
@@ -35,16 +35,16 @@ class ReferencePolicy:
     memory_bytes: int
 
 
-def needs_reference(cfg: RunConfig) -> bool:
+def needs_reference(loss: LossConfig) -> bool:
     """True when the run's loss or reward uses KL to a reference model."""
-    return float(cfg.loss.options.get("kl_coef", 0.0)) > 0 or cfg.loss.kl_reward_coef > 0
+    return float(loss.options.get("kl_coef", 0.0)) > 0 or loss.kl_reward_coef > 0
 
 
-def load_reference(cfg: RunConfig, dtype: torch.dtype) -> ReferencePolicy | None:
-    """The frozen base model when `needs_reference(cfg)`, else None (nothing is loaded)."""
-    if not needs_reference(cfg):
+def load_reference(model_name: str, loss: LossConfig, dtype: torch.dtype) -> ReferencePolicy | None:
+    """The frozen base model `model_name` when `needs_reference(loss)`, else None (nothing is loaded)."""
+    if not needs_reference(loss):
         return None
-    model = load_model(cfg.model, dtype=dtype).model
+    model = load_model(model_name, dtype=dtype).model
     model.eval()
     model.requires_grad_(False)
     tensors = [*model.parameters(), *model.buffers()]

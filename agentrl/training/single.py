@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from agentrl.training.backend import LossResult, PolicyObjective, Scored, ScoreRequest, UpdateRequest
+from agentrl.training.backend import LossResult, Objective, Scored, ScoreRequest, UpdateRequest
 from agentrl.training.logprobs import token_logprobs
 
-__all__ = ["MicroBatchPasses", "SingleProcessBackend", "OPTIMIZER_FILE", "build_optimizer", "moe_router"]
+__all__ = ["MicroBatchPasses", "SingleProcessBackend", "OPTIMIZER_FILE", "build_optimizer", "set_lr", "moe_router"]
 
 OPTIMIZER_FILE = "optimizer.pt"
 """The single-process backend's optimizer state inside a checkpoint folder."""
@@ -36,6 +36,13 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float
                     weight_decay: float) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters (plain or FSDP-sharded alike)."""
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float | None) -> None:
+    """Give every parameter group learning rate `lr` (None: leave them as they are)."""
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
 
 
 class MicroBatchPasses:
@@ -71,8 +78,8 @@ class MicroBatchPasses:
                                           compute_dtype=self.compute_dtype)
         return Scored(logp, entropy)
 
-    def accumulate(self, request: UpdateRequest, objective: PolicyObjective, *, scale: float = 1.0) -> LossResult:
-        """Forward + backward of the policy loss of one micro-batch; `scale` multiplies the loss before backward."""
+    def accumulate(self, request: UpdateRequest, objective: Objective, *, scale: float = 1.0) -> LossResult:
+        """Forward + backward of the objective of one micro-batch; `scale` multiplies the loss before backward."""
         mb = request.batch
         # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
         with self._routing(request.replay_routes):
@@ -131,12 +138,13 @@ class SingleProcessBackend:
         """See `TrainingBackend.score`."""
         return [self.passes.score(r) for r in requests]
 
-    def accumulate(self, requests: Sequence[UpdateRequest], objective: PolicyObjective) -> list[LossResult]:
+    def accumulate(self, requests: Sequence[UpdateRequest], objective: Objective) -> list[LossResult]:
         """See `TrainingBackend.accumulate`."""
         return [self.passes.accumulate(r, objective) for r in requests]
 
-    def step(self, grad_clip: float) -> float:
+    def step(self, grad_clip: float, lr: float | None = None) -> float:
         """See `TrainingBackend.step`."""
+        set_lr(self.optimizer, lr)
         norm = float("nan")
         if grad_clip > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip))

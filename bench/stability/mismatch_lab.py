@@ -10,7 +10,7 @@
 (b) Routing Replay (`replay_runs`): router agreement and KL(mu || pi_theta) with no replay, R2 and R3 at N = 1, 2, 4
     mini-batch updates per rollout, with a perturbed inference router.
 
-Run: python bench/stability/mismatch_lab.py ; writes bench/results/stability/{*.png, results.json, table.md}.
+Run: python bench/stability/mismatch_lab.py ; writes docs/results/stability/{*.png, results.json, table.md}.
 Defaults: about 3 CPU-minutes on one thread (3.0 min user, 6.8 min wall on a 2-core box shared at load ~5).
 """
 
@@ -34,7 +34,7 @@ from lab_models import CORRECTIONS_COMPARED, PROMPT_LEN, WEIGHT_FORMATS, chain_r
 from replay_runs import replay_run  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-OUT = Path(__file__).resolve().parents[1] / "results" / "stability"
+OUT = Path(__file__).resolve().parents[2] / "docs" / "results" / "stability"
 LABELS = {"none": "no correction", "tis": "token TIS (C=5)", "icepop": "IcePop [0.5, 5]", "seq_mis": "seq-MIS [0.5, 2]",
           "seq_is": "seq IS (unbiased ref.)"}  # fmt: skip
 COLORS = {"none": "tab:red", "tis": "tab:blue", "icepop": "tab:green", "seq_mis": "tab:orange", "seq_is": "tab:gray"}

@@ -1,0 +1,437 @@
+"""`agentrl run`'s flags, generated from the config dataclasses: one source for the command line.
+
+Every leaf field of the config tree becomes ``--section.field-name`` (top-level fields: ``--field-name``), typed from
+its annotation, with the first sentence of the field's docstring as its help. `ALIASES` keeps the short flags.
+
+To add a setting, add the field and its docstring to its dataclass in `agentrl.config`: the flag, its type, its help
+line and its section in ``agentrl run --help`` follow. A short alias for it is one more line in `ALIASES`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+ALIASES: dict[str, str] = {
+    # Everyday short flags.
+    "--env": "env.id",
+    "--model": "model",
+    "--runners": "runners.count",
+    "--steps": "steps",
+    "--output": "output",
+    "--engine": "engine.kind",
+    "--engines": "engine.replicas",
+    "--trainers": "trainer.workers",
+    "--lr": "optim.lr",
+    "--seed": "seed",
+    "--loss": "loss.name",
+    # The flags `agentrl run` typed by hand before they were generated: scripts and docs use them.
+    "--group-size": "scheduler.group_size",
+    "--prompts-per-step": "scheduler.prompts_per_step",
+    "--ray-address": "ray_address",
+    "--engine-dtype": "engine.dtype",
+    "--sync-every": "scheduler.sync_every",
+    "--async/--no-async": "scheduler.async_rollout",
+    "--max-staleness": "scheduler.max_staleness",
+    "--max-new-tokens": "sampling.max_new_tokens",
+    "--max-turns": "env.max_turns",
+    "--gpus-per-trainer": "trainer.gpus_per_worker",
+    "--gpus-per-engine": "engine.gpus",
+    "--colocate/--split": "engine.colocate",
+    "--compute-dtype": "trainer.compute_dtype",
+}
+"""Short flag -> dotted config path; a boolean field's alias names both switches (``--on/--off``). The short flag is
+a second name of the generated option. Building the options raises when a path is not a field of the config."""
+
+SFT_ALIASES: dict[str, str] = {
+    "--env": "env.id", "--model": "model", "--data": "data", "--demos": "demos", "--epochs": "epochs",
+    "--batch-size": "batch_size", "--lr": "optim.lr", "--max-turns": "env.max_turns",
+    "--eval-episodes": "eval_episodes", "--seed": "seed", "--output": "output",
+    "--compute-dtype": "trainer.compute_dtype", "--trainers": "trainer.workers",
+}
+"""`agentrl sft`'s short flags, as `ALIASES` for `agentrl run`."""
+
+SFT_EVERYDAY: tuple[str, ...] = (
+    "--config", "--output", "--env", "--env-arg", "--model", "--data", "--demos", "--epochs", "--batch-size", "--lr",
+    "--eval-episodes", "--trainers", "--overwrite",
+)
+"""The flags `agentrl sft --help` lists first."""
+
+EVERYDAY: tuple[str, ...] = (
+    "--config", "--resume", "--output", "--env", "--env-arg", "--model", "--steps", "--loss", "--lr", "--seed",
+    "--runners", "--engine", "--engines", "--trainers", "--overwrite",
+)
+"""The flags `agentrl run --help` lists first, in this order; every config flag then follows in its section."""
+
+_SCALARS: dict[Any, tuple[click.ParamType, str]] = {int: (click.INT, "INT"), float: (click.FLOAT, "FLOAT"),
+                                                    str: (click.STRING, "TEXT")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One settable config field."""
+
+    path: str
+    """Dotted path from the root config (``scheduler.group_size``)."""
+    type: Any
+    """The field's resolved annotation."""
+    doc: str
+    """The field's attribute docstring (empty when the source cannot be read)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One config dataclass of the tree and its own (non-dataclass) fields."""
+
+    path: str
+    """Dotted path of the section (empty for the root)."""
+    doc: str
+    """First sentence of the dataclass's docstring."""
+    leaves: tuple[Leaf, ...]
+
+
+# -- the config tree ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def sections(root_cls: type) -> tuple[Section, ...]:
+    """The config tree under `root_cls`, depth first: the root's own fields, then one section per nested dataclass."""
+    out: list[Section] = []
+    _walk(root_cls, "", out)
+    return tuple(out)
+
+
+def _walk(cls: type, path: str, out: list[Section]) -> None:
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    leaves, children = [], []
+    for f in dataclasses.fields(cls):
+        if not f.init:  # the config is rebuilt through __init__: such a field cannot be set
+            continue
+        child_path = f"{path}.{f.name}" if path else f.name
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            children.append((tp, child_path))
+        else:
+            leaves.append(Leaf(child_path, tp, docs.get(f.name, "")))
+    out.append(Section(path, first_sentence(_class_doc(cls).split("\n\n")[0]), tuple(leaves)))
+    for child, child_path in children:
+        _walk(child, child_path, out)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass's fields: the string literal right after each annotated field.
+
+    Fields inherited from dataclass bases take their base's docstring unless the subclass documents them again.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        node = _class_node(klass)
+        if node is None:
+            continue
+        for stmt, after in zip(node.body, node.body[1:]):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and _is_string(after):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _is_string(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _class_doc(cls: type) -> str:
+    # From the source, not __doc__: dataclasses invent "Name(field: type, ...)" for a class without a docstring.
+    node = _class_node(cls)
+    return (ast.get_docstring(node) or "") if node is not None else ""
+
+
+def _class_node(cls: type) -> ast.ClassDef | None:
+    try:
+        filename = inspect.getsourcefile(cls)
+    except TypeError:  # builtins such as object
+        return None
+    return _class_nodes(filename).get(cls.__qualname__) if filename else None
+
+
+@functools.cache
+def _class_nodes(filename: str) -> dict[str, ast.ClassDef]:
+    """Every class of a source file by qualified name; each file is parsed once (a few ms for agentrl/config.py)."""
+    try:
+        tree = ast.parse(Path(filename).read_text())
+    except (OSError, SyntaxError):
+        return {}
+    found: dict[str, ast.ClassDef] = {}
+    _collect_classes(tree.body, "", found)
+    return found
+
+
+def _collect_classes(body: Iterable[ast.stmt], prefix: str, found: dict[str, ast.ClassDef]) -> None:
+    for node in body:
+        if isinstance(node, ast.ClassDef):
+            found[prefix + node.name] = node
+            _collect_classes(node.body, f"{prefix}{node.name}.", found)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a class defined in a function
+            _collect_classes(node.body, f"{prefix}{node.name}.<locals>.", found)
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a docstring on one line, with RST ``literals`` as `literals`."""
+    flat = " ".join(text.replace("``", "`").split())
+    end = re.search(r"(?<=[.!?])\s(?=[A-Z])", flat)  # "e.g. `x`" or "(0 = off)." inside a sentence do not end it
+    return flat[: end.start()] if end else flat
+
+
+# -- options -----------------------------------------------------------------------------------------------------
+
+
+class YamlValue(click.ParamType):
+    """A value typed as YAML (lists, mappings, unions): ``--optim.betas "[0.9, 0.95]"``, ``--env.kwargs "{level: 2}"``.
+
+    A parse error is one line naming the flag (PyYAML's own text spans several).
+    """
+
+    name = "yaml"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The parsed value."""
+        if not isinstance(value, str):
+            return value
+        import yaml  # here: building the command and --help need no YAML
+
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            self.fail(f"not valid YAML ({_yaml_problem(e)}); quote it or fix it", param, ctx)
+        if parsed is None:  # apply_overrides skips None: the flag would silently do nothing
+            self.fail(f"{value!r} reads as null; give a value such as [1, 2] or {{key: value}}", param, ctx)
+        return parsed
+
+
+def _yaml_problem(error: Exception) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} at column {mark.column + 1}" if mark is not None else problem
+
+
+class ConfigOption(click.Option):
+    """A click option that sets one config field: `path`, dotted."""
+
+    def __init__(self, leaf: Leaf, section: str, aliases: list[str]):
+        """Build the option for `leaf`.
+
+        Args:
+            leaf: the field.
+            section: the path of the section it is listed under in the help.
+            aliases: extra names (``--short``; for a boolean, ``--on/--off``).
+        """
+        self.path, self.section = leaf.path, section
+        tp = _strip_optional(leaf.type)
+        _check_alias_form(leaf.path, tp, aliases)
+        name, flag = "cfg__" + leaf.path.replace(".", "__"), "--" + leaf.path.replace("_", "-")
+        if tp is bool:
+            super().__init__([name, f"{flag}/{_off_switch(flag)}", *aliases], is_flag=True, default=None,
+                             help=first_sentence(leaf.doc))
+            self.type_label = ""
+        else:
+            click_type, self.type_label = _click_type(tp)
+            super().__init__([name, flag, *aliases], type=click_type, default=None, metavar=self.type_label,
+                             help=first_sentence(leaf.doc))
+
+    def row(self) -> tuple[str, str]:
+        """The option's line in its section: the config flag, then the help led by its short aliases."""
+        (flag, _), *aliases = self._pairs()
+        lead = f"({', '.join(_switch(on, off) for on, off in aliases)}) " if aliases else ""
+        return self.names(only=flag), lead + (self.help or "")
+
+    def _pairs(self) -> list[tuple[str, str | None]]:
+        return list(zip(self.opts, self.secondary_opts)) if self.is_flag else [(name, None) for name in self.opts]
+
+    def names(self, only: str | None = None) -> str:
+        """The flag names for the help, booleans as ``--[no-]x`` (or ``--on/--off``); `only`: just that alias."""
+        pairs = self._pairs()
+        if only is not None:
+            pairs = [(on, off) for on, off in pairs if only in (on, f"{on}/{off}")]
+        shown = ", ".join(_switch(on, off) for on, off in pairs)
+        return f"{shown} {self.type_label}" if self.type_label else shown
+
+
+def _check_alias_form(path: str, tp: Any, aliases: list[str]) -> None:
+    for alias in aliases:
+        if (tp is bool) != ("/" in alias):
+            raise ValueError(f"alias {alias} -> {path}: a boolean field's alias names both switches (--on/--off), "
+                             f"any other field's alias one flag")
+
+
+def _off_switch(flag: str) -> str:
+    """``--a.b-c`` -> ``--a.no-b-c``; ``--b-c`` -> ``--no-b-c``."""
+    head, dot, last = flag.rpartition(".")
+    return f"{head}.no-{last}" if dot else f"--no-{flag[2:]}"
+
+
+def _switch(on: str, off: str | None) -> str:
+    if off is None:
+        return on
+    if off == _off_switch(on):
+        head, dot, last = on.rpartition(".")
+        return f"{head}.[no-]{last}" if dot else f"--[no-]{on[2:]}"
+    return f"{on}/{off}"
+
+
+def _strip_optional(tp: Any) -> Any:
+    """``X | None`` -> X, since a flag cannot set None anyway (`apply_overrides` skips None).
+
+    A typed value also avoids YAML surprises: ``--ray-address 1:30`` would read as the integer 90.
+    """
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(options) == 1:
+            return options[0]
+    return tp
+
+
+def _click_type(tp: Any) -> tuple[click.ParamType, str]:
+    """The click type and metavar of a (non-boolean) field's type; anything but a scalar or a choice is YAML."""
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    choices = typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
+    if choices and all(isinstance(c, str) for c in choices):  # YAML would turn Literal["on", "off"] into booleans
+        return click.Choice(choices), "[" + "|".join(choices) + "]"
+    return YamlValue(), "YAML"
+
+
+def config_options(root_cls: type, aliases: Mapping[str, str] | None = None) -> list[ConfigOption]:
+    """One click option per leaf field of the config tree under `root_cls`, each with ``default=None``.
+
+    Args:
+        root_cls: the root config dataclass (`agentrl.config.RunConfig`).
+        aliases: short flag -> dotted path (`ALIASES`); a short flag equal to the generated one is left as it is.
+
+    Raises:
+        ValueError: an alias whose path is not a leaf field, or two options with the same flag.
+    """
+    tree = sections(root_cls)
+    leaves = {leaf.path for section in tree for leaf in section.leaves}
+    extra: dict[str, list[str]] = {}
+    for alias, path in (aliases or {}).items():
+        if path not in leaves:
+            raise ValueError(f"alias {alias} points at {path!r}, which is not a field of {root_cls.__name__}")
+        if alias.partition("/")[0] != "--" + path.replace("_", "-"):
+            extra.setdefault(path, []).append(alias)
+    options = [ConfigOption(leaf, section.path, extra.get(leaf.path, []))
+               for section in tree for leaf in section.leaves]
+    _check_unique(options)
+    return options
+
+
+def _check_unique(params: Iterable[click.Parameter]) -> None:
+    seen: dict[str, str | None] = {}
+    for param in params:
+        for name in (*param.opts, *param.secondary_opts):
+            if name in seen:
+                raise ValueError(f"flag {name} is used twice: by {seen[name]} and {param.name}")
+            seen[name] = param.name
+
+
+def overrides_of(options: Iterable[ConfigOption], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted path -> value of each option given on the command line (`values`: click's parameter name -> value)."""
+    return {opt.path: values[opt.name] for opt in options if values.get(opt.name) is not None}
+
+
+# -- the command -------------------------------------------------------------------------------------------------
+
+
+class ConfigCommand(click.Command):
+    """A click command that takes one flag per config field besides its own options, with its help in sections.
+
+    The callback gets its own options as usual, and the config flags given as ``overrides`` (dotted path -> value,
+    for `agentrl.config.apply_overrides`).
+    """
+
+    def __init__(self, name: str, root: type, aliases: Mapping[str, str], everyday: Iterable[str],
+                 params: list[click.Parameter], **kwargs: Any):
+        """Build the command.
+
+        Args:
+            name: the command name.
+            root: the root config dataclass.
+            aliases: short flag -> dotted path (`ALIASES`).
+            everyday: the flags listed first in the help, in order (`EVERYDAY`).
+            params: the command's own options.
+            **kwargs: `click.Command`'s (callback, help, ...).
+        """
+        self.root, self.everyday = root, tuple(everyday)
+        self.config_params = config_options(root, aliases)
+        _check_unique([*params, *self.config_params])
+        super().__init__(name, params=[*params, *self.config_params], **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Hand the callback the config flags as one ``overrides`` mapping rather than one argument each."""
+        values = {opt.name: ctx.params.pop(opt.name, None) for opt in self.config_params}
+        ctx.params["overrides"] = overrides_of(self.config_params, values)
+        return super().invoke(ctx)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The everyday flags in full, then one block per config section (its name and docstring), a line a flag."""
+        params = self.get_params(ctx)
+        named = {name: p for p in params for name in (*p.opts, *p.secondary_opts)}
+        everyday = {flag: named[flag.partition("/")[0]] for flag in self.everyday}  # "--on/--off" by its first
+        rest = [p for p in params if not isinstance(p, ConfigOption) and p not in everyday.values()]
+        rows = [_record(ctx, param, flag) for flag, param in everyday.items()]
+        formatter.write_paragraph()
+        formatter.write_text("Everyday:")
+        with formatter.indentation():
+            formatter.write_dl(rows + [p.get_help_record(ctx) for p in rest])
+        for section in sections(self.root):
+            rows = [opt.row() for opt in self.config_params if opt.section == section.path]
+            if rows:
+                formatter.write_paragraph()
+                formatter.write_text(f"{section.path}: {section.doc}" if section.path else "General:")
+                with formatter.indentation():
+                    _write_lines(formatter, rows)
+
+
+def _record(ctx: click.Context, param: click.Parameter, flag: str) -> tuple[str, str]:
+    if isinstance(param, ConfigOption):
+        return param.names(only=flag), param.help or ""
+    return param.get_help_record(ctx)
+
+
+def _write_lines(formatter: click.HelpFormatter, rows: list[tuple[str, str]]) -> None:
+    """One line a flag: the help is cut at a word to the terminal's width, so a section reads at a glance."""
+    name_width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        room = formatter.width - formatter.current_indent - name_width - 2
+        formatter.write(f"{'':>{formatter.current_indent}}{name:<{name_width}}  {_cut(text, room)}".rstrip() + "\n")
+
+
+def _cut(text: str, room: int) -> str:
+    if len(text) <= room:
+        return text
+    cut = text[: max(room - 3, 0)].rsplit(" ", 1)[0]
+    return cut.rstrip(",;:(") + "..."  # ASCII: a terminal without UTF-8 must still print the help
+
+
+def run_command(callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:
+    """`agentrl run`: its own options (`params`), one flag per `RunConfig` field, and `ALIASES`."""
+    from agentrl.config import RunConfig
+
+    return ConfigCommand("run", RunConfig, ALIASES, EVERYDAY, params, callback=callback, help=help,
+                         context_settings={"max_content_width": 120})
+
+
+def sft_command(callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:
+    """`agentrl sft`: its own options (`params`), one flag per `SFTConfig` field, and `SFT_ALIASES`."""
+    from agentrl.recipes.sft import SFTConfig
+
+    return ConfigCommand("sft", SFTConfig, SFT_ALIASES, SFT_EVERYDAY, params, callback=callback, help=help,
+                         context_settings={"max_content_width": 120})

@@ -1,0 +1,39 @@
+"""Build the training backend a run asks for, from the trainer and optimizer sections and the memory plan."""
+
+from __future__ import annotations
+
+from agentrl.config import OptimConfig, TrainerConfig
+from agentrl.models import LoadedModel
+from agentrl.training.backend import TrainingBackend
+from agentrl.training.fsdp import FSDPBackend, WorkerSpec
+from agentrl.training.logprobs import compute_dtype_of
+from agentrl.training.memory import MemoryPlan
+from agentrl.training.placement import Placement
+from agentrl.training.single import SingleProcessBackend
+
+__all__ = ["build_backend"]
+
+
+def build_backend(trainer: TrainerConfig, optim: OptimConfig, memory: MemoryPlan, *, policy: LoadedModel,
+                  source: str, placement: Placement | None, seed: int) -> TrainingBackend:
+    """The one-process backend (``trainer.workers == 0``: it trains `policy` in place) or FSDP2 workers on Ray.
+
+    Args:
+        trainer: where and in what precision to train.
+        optim: AdamW's settings.
+        memory: the memory plan (whether blocks recompute their activations).
+        policy: the driver's model (trained in place by the one-process backend).
+        source: what FSDP workers load the weights from (the model name, or the checkpoint being resumed).
+        placement: the devices reserved for the workers (None: none reserved).
+        seed: seeds the workers.
+    """
+    if trainer.workers == 0:
+        return SingleProcessBackend(policy, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
+                                    gradient_checkpointing=memory.gradient_checkpointing,
+                                    compute_dtype=compute_dtype_of(trainer.compute_dtype))
+    spec = WorkerSpec(source, dtype=trainer.dtype, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
+                      param_dtype=trainer.param_dtype or None, reduce_dtype=trainer.reduce_dtype or None,
+                      compute_dtype=trainer.compute_dtype or None,
+                      gradient_checkpointing=memory.gradient_checkpointing, use_gpu=trainer.gpus_per_worker > 0,
+                      seed=seed)
+    return FSDPBackend(spec, trainer.workers, placement)

@@ -1,0 +1,366 @@
+"""One training step's pieces, between a rollout and the next one: samples, the pi_old pass, the updates.
+
+`TrainingStep` is built once per run from the loss, advantage, optimizer and trainer sections and the backend; the
+recipe (`agentrl.recipes.train`) calls its three stages in order:
+
+  make_samples(trajectories) -> StepSamples   advantages (per turn), the KL reward penalty, DAPO's filters, samples
+  old_policy(samples)        -> OldPolicy     pi_old and the entropy: the recompute pass, the rollout's own log-probs
+                                              (bypass) or, with one mini-batch, the update's own (chosen once)
+  update(...)                -> UpdateResult  one optimizer step per mini-batch of whole groups
+
+The rollout's own log-probs (mu) stay as they were: the loss's importance weight pi_old / mu corrects any
+train-inference mismatch. Every micro-batch's loss divides by its whole mini-batch's counts, so neither the
+micro-batch size nor the number of trainer workers changes the gradient.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from agentrl.chat.samples import trajectory_to_samples
+from agentrl.config import AdvantageConfig, LossConfig, OptimConfig, TrainerConfig
+from agentrl.objective import (
+    LossOptions,
+    OverlongConfig,
+    apply_overlong,
+    informative_groups,
+    kl_reward_penalty,
+    loss_options,
+    minibatch_indices,
+    policy_loss,
+    turn_advantages,
+)
+from agentrl.records import Sample, Trajectory
+from agentrl.training.backend import LossResult, PolicyObjective, TrainingBackend
+from agentrl.training.logprobs import compute_dtype_of, token_logprobs
+from agentrl.training.microbatch import collate, pack_by_tokens
+from agentrl.training.reference import ReferencePolicy
+from agentrl.training.routing_replay import DenseRouting
+
+__all__ = ["TrainingStep", "StepSamples", "OldPolicy", "UpdateResult", "TrainingError", "build_loss_options",
+           "choose_old_policy", "as_trained", "carries_gradient", "gradient_members"]
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (non-finite loss, collapse guard tripped); the message says why and where."""
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """What step 2-3 give the rest of the step.
+
+    Attributes:
+        samples: the training samples (one per prefix-consistent run of turns of the episodes left in the loss).
+        rewards: `[N_traj]` every episode's reward before any penalty (for the metrics).
+        ref_logp: the reference's log-probs per sample index `[len - 1]`; empty without a reference model.
+        metrics: what the filters and penalties did (overlong_frac, uninformative_frac, kl_reward_penalty_mean, ...).
+    """
+
+    samples: list[Sample]
+    rewards: torch.Tensor
+    ref_logp: dict[int, torch.Tensor]
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class OldPolicy:
+    """What step 4 gives the updates.
+
+    Attributes:
+        logp: log pi_old per sample index `[len - 1]`; None: the update pass's own log-probs, detached.
+        entropy: the mean entropy over loss tokens; None: the update pass reports it.
+        micro_batches: the sample indices of each micro-batch of the pass.
+    """
+
+    logp: dict[int, torch.Tensor] | None
+    entropy: float | None
+    micro_batches: list[list[int]]
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What step 5 did: each micro-batch's loss result, each optimizer step's gradient norm, the samples skipped."""
+
+    results: list[LossResult]
+    grad_norms: list[float]
+    skipped: int
+
+
+def build_loss_options(loss: LossConfig, per_turn_budget: int) -> LossOptions:
+    """The run's loss options, built once.
+
+    Dr.GRPO's constant divisor defaults to the largest per-turn token budget, the same for every micro-batch whatever
+    its padded width.
+    """
+    options = dict(loss.options)
+    if loss_options(loss.name, **options).agg == "seq-mean-token-sum-norm":
+        options.setdefault("loss_scale_factor", float(per_turn_budget))
+    return loss_options(loss.name, **options)
+
+
+def as_trained(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
+    """The trajectories as step `step` trains them: recording the step, with group ids unique within the step.
+
+    A rollout numbers its groups from 0, so a step that trains on rollouts of several policy versions (async mode)
+    would otherwise merge unrelated groups in the advantage baseline and the mini-batch split.
+    """
+    ids: dict[tuple[int, int], int] = {}
+    return [replace(t, train_step=step, group_id=ids.setdefault((t.policy_version, t.group_id), len(ids)))
+            for t in trajectories]
+
+
+def carries_gradient(sample: Sample) -> bool:
+    """Whether any of the sample's loss tokens has a nonzero advantage.
+
+    Every policy loss here is the advantage times a function of the log-probs (ratios, clips and corrections
+    included), so without a KL or entropy term a sample whose loss tokens all have advantage 0 adds exactly 0 to the
+    gradient: the base model's first WebShop step (every episode scores 0) trains nothing.
+    """
+    advantages = sample.token_advantages or (sample.advantage,) * len(sample.input_ids)
+    return any(a != 0.0 for a, m in zip(advantages, sample.loss_mask) if m)
+
+
+def gradient_members(samples: list[Sample], members: list[int]) -> list[int]:
+    """The members whose forward and backward can change the update: those that carry a gradient.
+
+    When none does, the shortest member stays, so that the optimizer step still sees the zero gradients it would
+    have seen (AdamW moves weights with zero gradients, through its moments and weight decay, and skips
+    parameters without any).
+    """
+    kept = [i for i in members if carries_gradient(samples[i])]
+    return kept or [min(members, key=lambda i: len(samples[i].input_ids))]
+
+
+def overlong_and_dynamic_sampling(trajectories: list[Trajectory], loss: LossConfig, budget: int,
+                                  extra: dict[str, float]) -> tuple[list[Trajectory], list[bool]]:
+    """DAPO's overlong treatment and dynamic sampling: the rewards advantages see, and which episodes train.
+
+    An episode counts as overlong when one of its replies stopped at the per-turn budget; its length is its longest
+    reply. Left-out episodes still take part in their group's baseline (their reward was real), only their tokens
+    leave the loss.
+    """
+    keep = [True] * len(trajectories)
+    if loss.overlong.mode != "none":
+        config = OverlongConfig(mode=loss.overlong.mode, max_length=budget, cache_length=loss.overlong.cache_length,
+                                penalty_factor=loss.overlong.penalty_factor)
+        rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N]
+        lengths = torch.tensor([max((len(x.generated_ids) for x in t.turns), default=0) for t in trajectories])
+        cut = torch.tensor([any(x.finish_reason == "length" for x in t.turns) for t in trajectories])  # [N]
+        new_rewards, mask = apply_overlong(rewards, lengths, cut, torch.ones(len(trajectories), 1), config)
+        trajectories = [replace(t, total_return=float(r)) for t, r in zip(trajectories, new_rewards.tolist())]
+        keep = [k and bool(m) for k, m in zip(keep, mask[:, 0].tolist())]
+        extra["overlong_frac"] = float(cut.float().mean()) if trajectories else 0.0
+    if loss.dynamic_sampling:
+        rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
+        informative = informative_groups(rewards, torch.tensor([t.group_id for t in trajectories]))
+        keep = [k and bool(i) for k, i in zip(keep, informative.tolist())]
+        extra["uninformative_frac"] = 1.0 - float(informative.float().mean()) if trajectories else 0.0
+    return trajectories, keep
+
+
+def kl_penalty_per_trajectory(trajectories: list[Trajectory], ref_logp: dict[int, torch.Tensor],
+                              loss: LossConfig) -> torch.Tensor:
+    """The KL reward penalty of every trajectory `[N_traj]`: coef * sum_t k(log mu, log pi_ref) over its tokens.
+
+    `ref_logp` is indexed like the samples `trajectory_to_samples` makes of the trajectories, in order. The rollout's
+    own log-probs stand for the sampling policy (pi_old = mu up to the training-inference mismatch).
+    """
+    penalties, index = [], 0
+    for traj in trajectories:
+        total = 0.0
+        for s in trajectory_to_samples(traj, 0.0, per_turn=loss.per_turn_samples):
+            mu = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)[None]  # [1, T]
+            mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)[None]  # [1, T]
+            total += float(kl_reward_penalty(mu, ref_logp[index][None], mask, loss.kl_reward_coef,
+                                             loss.kl_reward_estimator))
+            index += 1
+        penalties.append(total)
+    return torch.tensor(penalties)
+
+
+OldPolicyPass = Callable[["TrainingStep", list[Sample]], OldPolicy]
+"""Step 4, chosen once per run (`choose_old_policy`)."""
+
+
+def bypass_old_policy(step: TrainingStep, samples: list[Sample]) -> OldPolicy:
+    """Bypass mode: pi_old = mu, the rollout's own log-probs; no pass runs (the entropy comes from the updates)."""
+    step.routing.begin_step(len(samples))
+    logp = {i: torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32) for i, s in enumerate(samples)}
+    return OldPolicy(logp, None, step.micro_batches(samples, range(len(samples))))
+
+
+def update_is_old_policy(step: TrainingStep, samples: list[Sample]) -> OldPolicy:
+    """pi_old = the update pass's own log-probs, detached; no pass runs and the updates report the entropy.
+
+    Exact with one optimizer step per rollout: the update's forward runs on the weights a recompute pass would score.
+    """
+    step.routing.begin_step(len(samples))
+    return OldPolicy(None, None, step.micro_batches(samples, range(len(samples))))
+
+
+def score_old_policy(step: TrainingStep, samples: list[Sample]) -> OldPolicy:
+    """pi_old: the trainer's log-probs of the sampled tokens before any update, and their mean entropy."""
+    chunks = step.micro_batches(samples, range(len(samples)))
+    step.routing.begin_step(len(samples))
+    requests = [step.routing.score_request(idx, [samples[i] for i in idx],
+                                           collate([samples[i] for i in idx], step.pad_id)) for idx in chunks]
+    logp: dict[int, torch.Tensor] = {}
+    entropy_sum, entropy_tokens = 0.0, 0.0
+    for idx, request, scored in zip(chunks, requests, step.backend.score(requests)):
+        step.routing.scored(idx, [samples[i] for i in idx], request.batch, scored)
+        logp |= {i: scored.logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
+        entropy_sum += float((scored.entropy * request.batch.loss_mask).sum())
+        entropy_tokens += float(request.batch.loss_mask.sum())
+    return OldPolicy(logp, entropy_sum / max(entropy_tokens, 1.0), chunks)
+
+
+def choose_old_policy(loss: LossConfig, optim: OptimConfig, routing: DenseRouting) -> OldPolicyPass:
+    """Step 4, chosen once per run.
+
+    Bypass (pi_old = mu); the update's own log-probs (``old_policy_pass: auto`` with one mini-batch and a routing
+    strategy that does not read the pass); or the recompute pass.
+    """
+    if loss.bypass:
+        return bypass_old_policy
+    if loss.old_policy_pass == "auto" and optim.n_minibatches == 1 and not routing.needs_old_policy_pass:
+        return update_is_old_policy
+    return score_old_policy
+
+
+@dataclass
+class TrainingStep:
+    """The step's stages over one backend, with the options a run chose once.
+
+    Attributes:
+        backend: where the weights and AdamW live (one process or FSDP workers).
+        routing: the Routing Replay strategy (`DenseRouting` for dense models).
+        loss, advantage, optim, trainer: the config sections the step reads.
+        per_turn_budget: the largest per-turn token budget (DAPO's overlong budget, Dr.GRPO's divisor).
+        pad_id: the id that pads micro-batches (never trained on: the loss mask is 0 there).
+        shuffle: the mini-batch shuffle generator (saved in checkpoints: the data order resumes exactly).
+        out: the run folder (a batch with a non-finite loss is saved there).
+        reference: the frozen reference model, only when a KL term asks for it.
+    """
+
+    backend: TrainingBackend
+    routing: DenseRouting
+    loss: LossConfig
+    advantage: AdvantageConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    per_turn_budget: int
+    pad_id: int
+    shuffle: torch.Generator
+    out: Path
+    reference: ReferencePolicy | None = None
+
+    def __post_init__(self) -> None:
+        self.objective = build_loss_options(self.loss, self.per_turn_budget)
+        self.old_policy_pass = choose_old_policy(self.loss, self.optim, self.routing)
+
+    def micro_batches(self, samples: list[Sample], members: Sequence[int]) -> list[list[int]]:
+        """Sample indices per micro-batch: longest first, packed to the token budget (see `pack_by_tokens`)."""
+        return pack_by_tokens([len(s.input_ids) for s in samples], members, self.trainer.micro_batch_tokens,
+                              self.trainer.micro_batch_size)
+
+    def make_samples(self, trajectories: list[Trajectory]) -> StepSamples:
+        """Advantages within each group of episodes of the same task, then one sample per prefix-consistent run.
+
+        One advantage per turn (equal within an episode for the episode-level estimators, per step for GiGPO). With a
+        reference model, it scores the sampled tokens first, and with a KL reward penalty each episode's reward pays
+        coef * sum_t k(mu, pi_ref) before the advantages.
+        """
+        L = self.loss
+        rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
+        ref_logp: dict[int, torch.Tensor] = {}
+        extra: dict[str, float] = {}
+        if self.reference is not None:
+            # The samples' token layout does not depend on the advantages: score it before they exist.
+            layout = [s for t in trajectories for s in trajectory_to_samples(t, 0.0, per_turn=L.per_turn_samples)]
+            ref_logp = self.reference_logprobs(layout)
+            extra["ref_model_bytes"] = self.reference.memory_bytes
+        if L.kl_reward_coef > 0:
+            penalty = kl_penalty_per_trajectory(trajectories, ref_logp, L)  # [N_traj]
+            trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty.tolist())]
+            extra["kl_reward_penalty_mean"] = float(penalty.mean())
+        trajectories, in_loss = overlong_and_dynamic_sampling(trajectories, L, self.per_turn_budget, extra)
+        samples: list[Sample] = []
+        advantages = turn_advantages(self.advantage.name, trajectories, self.advantage.options())
+        for traj, adv, keep in zip(trajectories, advantages, in_loss):
+            if keep:
+                samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
+        return StepSamples(samples, rewards, ref_logp, extra)
+
+    @torch.no_grad()
+    def reference_logprobs(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
+        """The reference's log-probs of every sample's next tokens, per sample index `[len - 1]` (one no-grad pass)."""
+        out: dict[int, torch.Tensor] = {}
+        for idx in self.micro_batches(samples, range(len(samples))):
+            logp, _ = token_logprobs(self.reference.model, collate([samples[i] for i in idx], self.pad_id),
+                                     compute_dtype=compute_dtype_of(self.trainer.compute_dtype))
+            out |= {i: logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
+        return out
+
+    def old_policy(self, samples: list[Sample]) -> OldPolicy:
+        """Step 4: pi_old and the entropy, as the run chose once (`choose_old_policy`)."""
+        return self.old_policy_pass(self, samples)
+
+    def update(self, samples: list[Sample], old: OldPolicy, ref_logp: dict[int, torch.Tensor],
+               step: int) -> UpdateResult:
+        """One optimizer step per mini-batch of whole groups, accumulated over micro-batches.
+
+        Without a KL or entropy term in the loss, samples with no nonzero advantage skip their passes
+        (`gradient_members`): the gradient is the same, and the update's metrics (and, without a pi_old pass, the
+        entropy) cover the samples that were trained on.
+        """
+        results: list[LossResult] = []
+        grad_norms: list[float] = []
+        skipped = 0
+        opts = self.objective
+        exact_skip = opts.kl_coef == 0 and opts.entropy_coef == 0
+        groups = torch.tensor([s.group_id for s in samples])
+        for members in minibatch_indices(groups, self.optim.n_minibatches, generator=self.shuffle):
+            members = members.tolist()
+            # The update pass computes the entropy when the loss trains on it (bonus) or no pi_old pass did.
+            objective = PolicyObjective(functools.partial(policy_loss, self.loss.name, opts=opts), len(members),
+                                        sum(samples[i].num_loss_tokens for i in members),
+                                        with_entropy=opts.entropy_coef > 0 or self.loss.bypass or old.logp is None,
+                                        entropy_grad=opts.entropy_coef > 0)
+            trained = gradient_members(samples, members) if exact_skip else members
+            skipped += len(members) - len(trained)
+            chunks = self.micro_batches(samples, trained)
+            requests = [self._update_request(samples, idx, old, ref_logp) for idx in chunks]
+            done = self.backend.accumulate(requests, objective)
+            for idx, request, result in zip(chunks, requests, done):
+                if not result.finite:
+                    bad = self.out / f"bad_batch_step{step}.pt"
+                    torch.save({"samples": [samples[i] for i in idx], "logp": result.logp,
+                                "old_logp": request.old_logp, "metrics": result.metrics}, bad)
+                    raise TrainingError(f"non-finite loss ({result.metrics.get('loss')}) at step {step}; the batch "
+                                        f"is saved in {bad}")
+            results += done
+            norm = self.backend.step(self.optim.grad_clip)
+            if math.isfinite(norm):
+                grad_norms.append(norm)
+        return UpdateResult(results, grad_norms, skipped)
+
+    def _update_request(self, samples: list[Sample], idx: list[int], old: OldPolicy,
+                        ref_logp: dict[int, torch.Tensor]):
+        """One micro-batch of the update: the padded batch, pi_old and the reference log-probs `[n, T]`, routed."""
+        chunk = [samples[i] for i in idx]
+        mb = collate(chunk, self.pad_id)
+        width = mb.loss_mask.shape[1]
+        mb_old = None if old.logp is None else torch.stack(
+            [F.pad(old.logp[i], (0, width - len(old.logp[i]))) for i in idx])  # [n, T]
+        request = self.routing.update_request(idx, chunk, mb, mb_old)
+        if ref_logp:  # KL to the reference in the loss
+            request = replace(request, ref_logp=torch.stack([F.pad(ref_logp[i], (0, width - len(ref_logp[i])))
+                                                             for i in idx]))  # [n, T]
+        return request
