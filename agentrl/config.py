@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -44,7 +45,22 @@ class ConfigError(ValueError):
 ROUTING_REPLAY_MODES = ("none", "r2", "r3")
 """`LossConfig.routing_replay` values."""
 DTYPES = ("float32", "bfloat16", "float16")
-"""`RunConfig.dtype` values (torch dtype names)."""
+OBSERVATION_ROLES = ("user", "tool")
+"""The roles an observation after the first can be rendered as (`context.observation_role`, besides ``auto``)."""
+
+
+@functools.cache
+def chat_family_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The chat-template families and their aliases, as the family table (``templates/families.yaml``) lists them.
+
+    Read from the data file rather than `agentrl.chat.families`, which imports this module: the config is checked
+    before any chat code loads.
+    """
+    from importlib.resources import files
+
+    table = yaml.safe_load(files("agentrl.templates").joinpath("families.yaml").read_text())
+    return tuple(f["name"] for f in table["families"]), tuple(table.get("aliases") or {})
+"""`trainer.dtype` and `engine.dtype` values (torch dtype names)."""
 
 
 @dataclass
@@ -196,8 +212,6 @@ class ContextConfig:
     only the new messages (one sample per episode; prompts then depart from the official rendering of history)."""
 
     def __post_init__(self) -> None:
-        from agentrl.chat.context import OBSERVATION_ROLES
-
         _require(self.observation_role in (*OBSERVATION_ROLES, "auto"), "context.observation_role",
                  self.observation_role, f"one of {', '.join(OBSERVATION_ROLES)}, or auto (the env's hint)")
         _require(self.recap_actions >= 0, "context.recap_actions", self.recap_actions, ">= 0")
@@ -207,10 +221,9 @@ class ContextConfig:
                  "context.max_new_tokens_by_turn", list(self.max_new_tokens_by_turn), "a list of integers >= 1")
         _require(self.max_context_tokens >= 1, "context.max_context_tokens", self.max_context_tokens, ">= 1")
         if self.chat_family:
-            from agentrl.chat.families import ALIASES, FAMILIES
-
-            _require(self.chat_family in {**FAMILIES, **ALIASES}, "context.chat_family", self.chat_family,
-                     f"empty (detect it) or one of {', '.join(FAMILIES)}")
+            families, aliases = chat_family_names()
+            _require(self.chat_family in (*families, *aliases), "context.chat_family", self.chat_family,
+                     f"empty (detect it) or one of {', '.join(families)}")
 
     def chat_kwargs(self) -> dict[str, Any]:
         """Chat-template variables (``enable_thinking`` when set)."""
@@ -308,8 +321,11 @@ class OverlongConfig:
     mode: str = "none"
     """``filter`` leaves them out of the loss; ``penalize`` subtracts a penalty that ramps over the last
     `cache_length` tokens of the per-turn budget; ``none``: neither."""
+    max_length: int | None = None
+    """The response length budget the penalty counts to; None: the run's largest per-turn token budget."""
     cache_length: int = 4096
-    """Penalize: the soft band before the budget where the penalty ramps up (DAPO: 4096 of 20480)."""
+    """Penalize: the soft band before the budget where the penalty ramps up (DAPO: 4096 of 20480); at most the
+    budget."""
     penalty_factor: float = 1.0
     """Penalize: the penalty at and beyond the budget."""
 
@@ -318,6 +334,8 @@ class OverlongConfig:
 
         _require(self.mode in OVERLONG_MODES, "loss.overlong.mode", self.mode, f"one of {', '.join(OVERLONG_MODES)}")
         _require(self.cache_length >= 1, "loss.overlong.cache_length", self.cache_length, ">= 1")
+        _require(self.max_length is None or self.max_length >= 1, "loss.overlong.max_length", self.max_length,
+                 ">= 1, or empty for the per-turn token budget")
 
 
 @dataclass
@@ -601,6 +619,57 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 def load_config(path: str | Path | None = None) -> RunConfig:
     """Defaults, updated by the YAML file at `path` (if any)."""
     return load_yaml(RunConfig, path, "config sections")
+
+
+def read_run_config(path: str | Path) -> tuple[RunConfig, list[str]]:
+    """The config.yaml a run folder saved, in the earlier layout too; and the keys that moved, as ``old -> new``.
+
+    A config a user writes must use the current layout (an old key is an error naming its new place), but a run
+    saved before the sections were sorted by owner must still resume and evaluate: its keys are moved here.
+    """
+    p = Path(path)
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of config sections")
+    values, moved = upgrade_layout(values, MOVED_KEYS)
+    try:
+        return _build(RunConfig, values), moved
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def upgrade_layout(values: dict[str, Any], moved_keys: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """`values` with every key of `moved_keys` (``old.dotted -> new.dotted``) moved to its new place.
+
+    ``loss.advantage_options`` spreads into the `advantage` section's fields; a section left empty goes.
+
+    Returns:
+        The upgraded mapping and the moves made, as ``old -> new`` lines.
+    """
+    values = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    moves = []
+    for old, new in moved_keys.items():
+        section, _, leaf = old.rpartition(".")
+        node = values.get(section) if section else values
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        if old == "loss.advantage_options":
+            values.setdefault("advantage", {}).update(value or {})
+            moves.append(f"{old} -> advantage.*")
+            continue
+        new_section, _, new_leaf = new.rpartition(".")
+        (values.setdefault(new_section, {}) if new_section else values)[new_leaf] = value
+        moves.append(f"{old} -> {new}")
+    for section in ("rollout",):
+        if values.get(section) == {}:
+            del values[section]
+    return values, moves
 
 
 def load_yaml(cls: type, path: str | Path | None, top_level: str) -> Any:

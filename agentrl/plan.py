@@ -5,8 +5,10 @@ The config says what the user asked for (``engine.kind: auto``, ``context.observ
 (``vllm``, because it imports and serves the model; ``user`` messages, because the template keeps the token prefix;
 checkpointing off, because the step's estimated peak fits). Subsystems build themselves from their own config section
 and the plan, never from the whole config. The plan is printed as one short table when a run starts and saved as
-``plan.json`` in the run folder; the resolved values are also written back into the run's config.yaml so that
-`agentrl eval --model RUN/checkpoint` and `--resume` rebuild the same run.
+``plan.json`` in the run folder. The choices that change what the policy sees (``engine.kind`` and
+``context.observation_role``) are also written back into the run's config.yaml, so that `agentrl eval --model
+RUN/checkpoint` and `--resume` rebuild the same prompts and engine; the KV size and the memory plan are worked out
+again on resume, for the machine it resumes on.
 """
 
 from __future__ import annotations

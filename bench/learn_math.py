@@ -12,13 +12,12 @@ intervals; writes docs/results/learn_math.json and the run's curves.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
 from agentrl.config import apply_overrides, load_config
-from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, evaluate
+from agentrl.recipes.evaluate import EvalConfig, eval_env, evaluate
 from agentrl.recipes.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +43,7 @@ def main() -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
     # Same tasks, same sampler seed, the training temperature (1.0) for both: only the weights differ.
-    env = dataclasses.replace(cfg.env, seed_offset=EVAL_SEED_OFFSET)
+    env = eval_env(cfg.env.id, cfg.env.kwargs, max_turns=cfg.env.max_turns)
     common = dict(env=env, episodes=args.eval_episodes, ks=(1,), max_new_tokens=cfg.sampling.max_new_tokens,
                   sampling_overrides={"temperature": cfg.sampling.temperature, "top_p": 1.0, "top_k": 0})
     results = {}

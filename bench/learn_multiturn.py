@@ -100,13 +100,18 @@ def eval_command(sft_cfg: dict, rl_cfg: dict, episodes: int, engine: str, engine
     kwargs = [a for k, v in sft_cfg.get("env", {}).get("kwargs", {}).items() if k != "split"
               for a in ("--env-arg", f"{k}={json.dumps(v)}")]
     command = ["eval", "--env", sft_cfg["env"]["id"], "--episodes", str(episodes), "--seed", "0",
-               "--max-turns", str(rl_cfg.get("env", {}).get("max_turns", 50)),
-               "--max-new-tokens", str(rl_cfg.get("sampling", {}).get("max_new_tokens", 64)), *kwargs]
+               "--max-turns", str(_recipe_value(rl_cfg, "env", "max_turns", 50)),
+               "--max-new-tokens", str(_recipe_value(rl_cfg, "sampling", "max_new_tokens", 64)), *kwargs]
     if engine:
         command += ["--engine", engine]
     if engine_dtype:
         command += ["--engine-dtype", engine_dtype]
     return command
+
+
+def _recipe_value(recipe: dict, section: str, key: str, default):
+    """A recipe's setting, from its section or, in a recipe saved before the sections were sorted, from `rollout`."""
+    return recipe.get(section, {}).get(key, recipe.get("rollout", {}).get(key, default))
 
 
 def bench_env(env_id: str, args: argparse.Namespace, work: Path) -> dict:

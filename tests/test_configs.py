@@ -64,3 +64,45 @@ def test_new_moved_keys_point_at_real_fields():
         for part in new.split(" ")[0].split("."):
             assert part in node, new
             node = node[part]
+
+
+OLD_RUN_CONFIG = """\
+model: smollm2-135m
+env: {id: math, kwargs: {level: 1}, seed_offset: 0}
+rollout: {prompts_per_step: 4, group_size: 8, max_turns: 50, max_new_tokens: 64, max_context_tokens: 4096,
+  temperature: 1.0, engine: hf, engines: 1, engine_dtype: '', runners: 0, ray_address: null}
+context: {observation_role: user}
+loss: {name: minirl, advantage: gigpo, advantage_options: {gamma: 0.9}, micro_batch_size: 8, n_minibatches: 1}
+trainer: {workers: 0, colocate: false}
+steps: 20
+dtype: float32
+"""
+
+
+def test_a_run_saved_in_the_earlier_layout_still_reads(tmp_path):
+    """Resume and eval read a run folder's config.yaml: one saved before the sections were sorted still works."""
+    from agentrl.config import read_run_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(OLD_RUN_CONFIG)
+    with pytest.raises(ConfigError, match="is now"):  # as a config a user writes, it is refused ...
+        load_config(path)
+    cfg, moved = read_run_config(path)  # ... as a saved run, its keys move
+    assert (cfg.scheduler.group_size, cfg.engine.kind, cfg.trainer.micro_batch_size) == (8, "hf", 8)
+    assert cfg.advantage.name == "gigpo" and cfg.advantage.gamma == 0.9 and cfg.trainer.dtype == "float32"
+    assert "rollout.engine -> engine.kind" in moved and "loss.advantage_options -> advantage.*" in moved
+    assert read_run_config(path)[0] == cfg
+
+
+def test_an_overlong_band_longer_than_the_budget_fails_at_set_up():
+    import torch
+
+    from agentrl.config import AdvantageConfig, LossConfig, OptimConfig, OverlongConfig, TrainerConfig
+    from agentrl.training.routing_replay import DenseRouting
+    from agentrl.training.step import TrainingStep
+
+    loss = LossConfig(overlong=OverlongConfig(mode="penalize"))  # cache_length 4096 by default
+    with pytest.raises(ConfigError, match="loss.overlong.*per-turn token budget is 64.*cache_length"):
+        TrainingStep(backend=None, routing=DenseRouting(), loss=loss, advantage=AdvantageConfig(),
+                     optim=OptimConfig(), trainer=TrainerConfig(), per_turn_budget=64, pad_id=0,
+                     shuffle=torch.Generator(), out=None)

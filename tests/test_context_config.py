@@ -8,7 +8,7 @@ import agentrl
 from agentrl.chat.context import ChatContext
 from agentrl.config import ConfigError, ContextConfig, EngineConfig, EnvConfig, RunConfig, apply_overrides, load_config
 from agentrl.models import load_model
-from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, evaluate
+from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, eval_env, evaluate
 from agentrl.recipes.train import train
 from agentrl.records import load_trajectories
 
@@ -84,6 +84,8 @@ def test_keys_of_the_old_layout_fail_with_their_new_place(tmp_path):
     assert (cfg.context.observation_role, cfg.context.recap_actions, cfg.scheduler.group_size) == ("tool", 2, 4)
 
 
-def _eval_env(**fields) -> EnvConfig:
-    """An eval's env section: math on the held-out seeds, 3 model calls, unless `fields` say otherwise."""
-    return EnvConfig(**({"id": "math", "seed_offset": EVAL_SEED_OFFSET, "max_turns": 3} | fields))
+def _eval_env(id="math", kwargs=None, max_turns=3) -> EnvConfig:
+    """An eval's env section: math on the held-out seeds, 3 model calls, unless told otherwise."""
+    env = eval_env(id, kwargs, max_turns=max_turns)
+    assert env.seed_offset == EVAL_SEED_OFFSET
+    return env

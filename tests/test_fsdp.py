@@ -209,8 +209,8 @@ def test_more_trainer_workers_than_cores_or_gpus_is_refused_before_anything_star
 
 def test_a_step_that_cannot_fit_a_worker_is_refused_before_the_workers_start(tmp_path):
     config = tmp_path / "small.yaml"
-    config.write_text("model: tiny-qwen3\nenv: {id: math}\ntrainer: {workers: 2}\n"
-                      "loss: {memory_limit_gb: 0.05, gradient_checkpointing: 'on'}\n")
+    config.write_text("model: tiny-qwen3\nenv: {id: math}\n"
+                      "trainer: {workers: 2, memory_limit_gb: 0.05, gradient_checkpointing: 'on'}\n")
     out = _cli("--config", str(config), "--output", str(tmp_path / "run"))
     _clean_failure(out, "the training step needs about", "GiB is available")
 
@@ -220,8 +220,8 @@ def test_a_step_that_cannot_fit_a_worker_is_refused_before_the_workers_start(tmp
 def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path, model, replay):
     config = tmp_path / "run.yaml"
     # A fixed memory limit: the default (what this shared machine has free right now) would make the test flaky.
-    config.write_text(f"model: {model}\nloss: {{routing_replay: {replay}, memory_limit_gb: 4}}\n"
-                      "rollout: {enable_thinking: false}\n")
+    config.write_text(f"model: {model}\nloss: {{routing_replay: {replay}}}\ntrainer: {{memory_limit_gb: 4}}\n"
+                      "context: {enable_thinking: false}\n")
     out = _cli("--config", str(config), "--env", "math", "--trainers", "2", "--steps", "2", "--group-size", "2",
                "--prompts-per-step", "2", "--max-new-tokens", "8", "--output", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]

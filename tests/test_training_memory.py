@@ -141,7 +141,7 @@ def test_an_in_process_engine_counts_against_the_step(tiny_qwen3):
     beside = plan_training_memory(model, limit_bytes=plain + engine // 2, engine_bytes=engine, **kw)
     assert not alone.gradient_checkpointing and beside.gradient_checkpointing
     assert beside.estimate.engine == engine and "engine" in beside.estimate.table()
-    with pytest.raises(ConfigError, match="engine_dtype: bfloat16"):
+    with pytest.raises(ConfigError, match="engine.dtype: bfloat16"):
         plan_training_memory(model, limit_bytes=plain, engine_bytes=4 * plain, **kw)
 
 
@@ -239,10 +239,12 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     import agentrl
     from agentrl.config import apply_overrides, load_config
     from agentrl.engine.kv_cache import rollout_kv_bytes
+    from agentrl.chat.layout import resolve_context
     from agentrl.recipes.setup import is_single_turn, single_turn_context
 
     def resolved(cfg):  # as `set_up` resolves the context before sizing the engines
-        context, _ = cfg.context.resolved(agentrl.spec("math").load(), tiny_qwen3.tokenizer, tiny_qwen3.family)
+        context, _ = resolve_context(cfg.context, agentrl.spec("math").load(), tiny_qwen3.tokenizer,
+                                     tiny_qwen3.family)
         return dataclasses.replace(cfg, context=context)
 
     math = resolved(apply_overrides(load_config(None), {"env.id": "math", "engine.kind": "vllm"}))

@@ -34,10 +34,10 @@ from typing import Any
 
 from agentrl.chat.families import FAMILIES, TemplateFamily, fixed_clock, get_family
 from agentrl.chat.parsers import ParsedReply
+from agentrl.config import OBSERVATION_ROLES
 
 __all__ = ["ChatContext", "ContextStep", "strip_thinking", "detect_family", "recap_text"]
 
-OBSERVATION_ROLES = ("user", "tool")
 HISTORY_MODES = ("template", "as_sampled")
 """How earlier turns appear in later prompts: as the official template renders them, or exactly as sampled."""
 

@@ -12,7 +12,7 @@ So an env whose observations are results of the agent's actions says so with a c
 
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
 
-and with ``rollout.observation_role: auto`` (the default) a run sends its observations in that role exactly when the
+and with ``context.observation_role: auto`` (the default) a run sends its observations in that role exactly when the
 model family keeps the prefix with it and would not with user messages (Qwen3); otherwise (ChatML / SmolLM2, where
 user messages already keep the prefix and a ``tool`` turn would be unfamiliar to the model) they stay user messages.
 Envs whose follow-ups are feedback from a person (math's "try again") declare nothing and stay user messages.
@@ -29,13 +29,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from agentrl.chat.context import OBSERVATION_ROLES, ChatContext
-from agentrl.config import ContextConfig
+from agentrl.chat.context import ChatContext
+from agentrl.config import OBSERVATION_ROLES, ContextConfig
 
 __all__ = ["AUTO", "resolve_observation_role"]
 
 AUTO = "auto"
-"""`RolloutConfig.observation_role` value: choose per env and model family (`resolve_observation_role`)."""
+"""`ContextConfig.observation_role` value: choose per env and model family (`resolve_observation_role`)."""
 
 # A reply with reasoning, as a thinking model writes it: the history rewrite of Qwen3-style templates drops it.
 _PROBE_REPLY = "<think>\nr\n</think>\n\na"
@@ -59,7 +59,7 @@ def resolve_observation_role(requested: str, env_cls: type, tokenizer, chat_kwar
     """The observation role a run uses, and why (one line for the log).
 
     Args:
-        requested: `RolloutConfig.observation_role`: ``user``, ``tool`` (used as given) or ``auto``.
+        requested: `ContextConfig.observation_role`: ``user``, ``tool`` (used as given) or ``auto``.
         env_cls: the env class; its ``rollout_defaults["observation_role"]`` is the role its observations may take.
         tokenizer: the model's tokenizer.
         chat_kwargs: the run's chat-template variables.

@@ -108,7 +108,7 @@ def _run_options() -> list:
 
 def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tuple[str, ...], overwrite: bool) -> None:
     """`agentrl run`'s body: `overrides` are the config flags given (dotted path -> value)."""
-    from agentrl.config import ConfigError, apply_overrides, load_config
+    from agentrl.config import ConfigError, apply_overrides, load_config, read_run_config
     from agentrl.models import UnknownModelError, check_model_name
     from agentrl.registry import UnknownEnvError, spec
 
@@ -117,7 +117,10 @@ def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tup
             saved = resume / "config.yaml"
             if not saved.is_file():
                 _fail(f"cannot resume {resume}: no config.yaml there (is it an agentrl run folder?)")
-            cfg = load_config(saved)
+            cfg, moved = read_run_config(saved)
+            if moved:
+                typer.echo(f"{saved} uses the earlier config layout; read with {len(moved)} keys moved "
+                           f"({moved[0]}, ...)", err=True)
             overrides["output"] = str(resume)
         else:
             cfg = load_config(config)
@@ -253,9 +256,9 @@ def eval_(
 ) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
     from agentrl.cluster import ClusterError
-    from agentrl.config import ConfigError, EngineConfig, EnvConfig, RunnersConfig
+    from agentrl.config import ConfigError, EngineConfig, RunnersConfig
     from agentrl.models import UnknownModelError
-    from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, evaluate, load_results
+    from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, EvalError, eval_env, evaluate, load_results
     from agentrl.recipes.report import print_comparison, print_results
     from agentrl.registry import UnknownEnvError
 
@@ -266,6 +269,8 @@ def eval_(
             return
         if env is None or model is None:
             _fail("agentrl eval needs --env and --model (or --compare DIR_A DIR_B)")
+        if seed_offset is not None and seed_offset < 0:
+            _fail(f"--seed-offset must be >= 0 (env seeds cannot be negative), got {seed_offset}")
         try:
             ks = tuple(sorted({int(part) for part in k.split(",") if part.strip()}))
         except ValueError:
@@ -274,8 +279,8 @@ def eval_(
                      "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty}
         cfg = EvalConfig(
             model=model, split=split, episodes=episodes, ks=ks, samples_per_task=samples_per_task,
-            env=EnvConfig(id=env, kwargs=_parse_kwargs(env_arg), max_turns=max_turns,
-                          seed_offset=EVAL_SEED_OFFSET if seed_offset is None else seed_offset),
+            env=eval_env(env, _parse_kwargs(env_arg), max_turns=max_turns,
+                         seed_offset=EVAL_SEED_OFFSET if seed_offset is None else seed_offset),
             engine=EngineConfig(kind=engine, dtype=engine_dtype, replicas=engines),
             runners=RunnersConfig(count=runners), max_new_tokens=max_new_tokens, seed=seed, thinking=thinking,
             sampling_overrides={key: v for key, v in overrides.items() if v is not None}, output=str(output),

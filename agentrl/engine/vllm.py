@@ -146,7 +146,7 @@ def check_servable(model_dir: str | Path, *, kv_cache_gib: float, weight_bytes: 
         if free < need:
             raise EngineError(f"too little memory for the vLLM engine: {free / GIB:.1f} GiB free, it needs about "
                               f"{need / GIB:.1f} GiB ({kv_cache_gib:g} GiB of KV cache, {weight_bytes / GIB:.2f} GiB "
-                              f"of weights, twice). Lower rollout.engine_kv_cache_gib, free memory, or use --engine hf")
+                              f"of weights, twice). Lower engine.kv_cache_gib, free memory, or use --engine hf")
 
 
 def _reason(error: Exception) -> str:

@@ -18,7 +18,7 @@ advantage is 0 (it trains nothing). `compute_advantages` applies the rule before
 from verl's GRPO, which gives a singleton mean 0 and std 1, i.e. its raw reward: an uncentred reward would push
 the policy toward whatever the lone response did, just because rewards happen to be positive.
 
-Options come from the config (`loss.advantage_options`, e.g. `{boost: 2.0}` for "low_success_weight" or `{k: 8}`
+Options come from the config (the `advantage` section, e.g. `{boost: 2.0}` for "low_success_weight" or `{k: 8}`
 for "passk"); `check_advantage_options` validates them once, when the config is built.
 """
 

@@ -22,7 +22,7 @@ from agentrl.records import Trajectory
 __all__ = ["TURN_ESTIMATORS", "check_turn_advantage_options", "turn_advantages"]
 
 TURN_ESTIMATORS: tuple[str, ...] = (*ADVANTAGES, "gigpo")
-"""Every name `loss.advantage` accepts."""
+"""Every name `advantage.name` accepts."""
 
 
 def check_turn_advantage_options(name: str, options: dict[str, Any]) -> None:
@@ -45,7 +45,7 @@ def turn_advantages(
     Args:
         name: one of `TURN_ESTIMATORS`.
         trajectories: the step's trajectories; `group_id` groups episodes of the same task.
-        options: the estimator's keyword options (`loss.advantage_options`).
+        options: the estimator's keyword options (the `advantage` section's fields that are set).
 
     Returns:
         Per trajectory, a tuple with one float per turn.

@@ -40,7 +40,7 @@ from agentrl.config import (
     EnvConfig,
     RunConfig,
     RunnersConfig,
-    load_config,
+    read_run_config,
 )
 from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.engine.launch import choose_engine
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from agentrl.rollout.pool import LocalPool, RayPool
 
 __all__ = [
-    "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
+    "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "eval_env", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
     "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling",
 ]
 
@@ -210,9 +210,10 @@ def _training_run(model: str) -> RunConfig | None:
     if not (path.is_dir() and (path / "trainer_state.json").exists() and saved.exists()):
         return None
     try:
-        return load_config(saved)
+        cfg, _ = read_run_config(saved)  # a run saved in the earlier config layout still evaluates
     except ConfigError as e:
         raise EvalError(f"cannot read the training run's settings: {e}") from None
+    return cfg
 
 
 def _env_kwargs_of(run: RunConfig | None, env_id: str) -> dict[str, Any]:
@@ -256,14 +257,21 @@ def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mappin
     return kwargs, kwargs["split"]
 
 
+def eval_env(env_id: str, kwargs: Mapping[str, Any] | None = None, *, max_turns: int = 20,
+             seed_offset: int = EVAL_SEED_OFFSET) -> EnvConfig:
+    """The `env` section of an evaluation: `env_id` on held-out task seeds, 20 model calls per episode by default."""
+    return EnvConfig(id=env_id, kwargs=dict(kwargs or {}), max_turns=max_turns, seed_offset=seed_offset)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """What `agentrl eval` runs: RL's `env`, `engine`, `runners` and `context` sections, and what only eval has.
 
     Attributes:
         model: built-in name, local folder (a run's ``checkpoint/``) or hub id.
-        env: the env, its arguments, the first task seed (held-out seeds from `EVAL_SEED_OFFSET` by default) and the
-            model calls per episode (envs with their own step budget end sooner).
+        env: the env, its arguments, the first task seed and the model calls per episode (envs with their own step
+            budget end sooner). Build it with `eval_env`, which starts at the held-out seeds (`EVAL_SEED_OFFSET`):
+            an `EnvConfig` of its own starts at RL's training seeds (0) unless it says otherwise.
         engine: the engine kind (``auto``: vLLM where it serves the model, else HF; the results record the kind used;
             the sampler seed reproduces results within one kind, not across), replicas (more than one runs them as
             Ray actors, as ``agentrl run --engines`` does), precision (empty: the model's) and batch size.
@@ -276,6 +284,8 @@ class EvalConfig:
         samples_per_task: episodes per task (n of pass@k); None = max(ks).
         max_new_tokens: per turn. Eval samples at the model's official settings, not the training sampler's, so
             this is eval's own budget rather than RL's `sampling` section.
+        max_context_tokens: an episode whose prompt grows past this is truncated; eval's own, so that every model
+            compared (a base model has no run to take one from) plays under the same budget.
         seed: sampler seed (the same seed gives the same results).
         thinking: force thinking on / off; None = what the checkpoint trained with, else the family default.
         sampling_overrides: flags overriding the official settings, e.g. ``{"temperature": 1.0}``.
@@ -286,7 +296,7 @@ class EvalConfig:
     """
 
     model: str
-    env: EnvConfig = field(default_factory=lambda: EnvConfig(seed_offset=EVAL_SEED_OFFSET, max_turns=20))
+    env: EnvConfig = field(default_factory=lambda: eval_env("math"))
     engine: EngineConfig = field(default_factory=EngineConfig)
     runners: RunnersConfig = field(default_factory=RunnersConfig)
     context: ContextConfig | None = None
@@ -295,6 +305,7 @@ class EvalConfig:
     ks: tuple[int, ...] = (1,)
     samples_per_task: int | None = None
     max_new_tokens: int = 256
+    max_context_tokens: int = 4096
     seed: int = 0
     thinking: bool | None = None
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -317,8 +328,9 @@ class EvalConfig:
         if self.n < max(self.ks):
             raise EvalError(f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task, "
                             f"got --samples-per-task {self.n}")
-        if self.max_new_tokens < 1:
-            raise EvalError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_new_tokens < 1 or self.max_context_tokens < 1:
+            raise EvalError(f"--max-new-tokens and max_context_tokens must be >= 1, got {self.max_new_tokens}, "
+                            f"{self.max_context_tokens}")
         if not 0 < self.confidence < 1:
             raise EvalError(f"confidence must be in (0, 1), got {self.confidence}")
 
@@ -430,7 +442,8 @@ def _collect(cfg: EvalConfig, seeds: Sequence[int], resolved: ResolvedSampling, 
         done_before = bar.n
         got = run_rollout(
             pool, cfg.env.id, chunk, cfg.n, engine, tokenizer, params, max_turns=cfg.env.max_turns,
-            max_context_tokens=cfg.context.max_context_tokens, policy_version=0, **rollout_kwargs,
+            max_context_tokens=cfg.context.max_context_tokens, policy_version=0,
+            max_episode_retries=cfg.runners.max_episode_retries, **rollout_kwargs,
             on_progress=lambda stats, base=done_before: bar.update(base + stats.episodes_done - bar.n),
         ).trajectories
         trajectories += [replace(t, group_id=first + t.group_id) for t in got]
@@ -472,7 +485,9 @@ def _build_engine(cfg: EvalConfig, policy) -> RequestEngine:
     spec = EngineSpec(kind=cfg.engine.kind, dtype=dtype, batch_size=cfg.engine.batch_size, seed=cfg.seed,
                       max_model_len=context, kv_cache_gib=kv_gib)
     try:
-        return build_engines(spec, policy, replicas=cfg.engine.replicas, ray_address=cfg.ray_address, share_module=True)
+        # One replica stays in this process even on a cluster (the runners use it): no weights to ship to an actor.
+        return build_engines(spec, policy, replicas=cfg.engine.replicas, share_module=True,
+                             ray_address=cfg.ray_address if cfg.engine.replicas > 1 else None)
     except EngineError as e:
         raise EvalError(str(e)) from None
 
@@ -524,6 +539,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     # Named before resolving ("auto" settings), which builds a new object.
     context_source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"
     context, _ = resolve_context(context, spec.load(), policy.tokenizer, policy.family)
+    # Eval's own context budget, the same for every model it compares (a base model has no run to take one from).
+    context = replace(context, max_context_tokens=cfg.max_context_tokens)
     cfg = replace(cfg, context=context)
     thinking, thinking_source = cfg.thinking, "flag"
     if thinking is None and context.enable_thinking is not None:
@@ -551,7 +568,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     try:
         # The same runner pools as training: env steps in Ray actors (shared env state, fault tolerance), or
         # in-process.
-        with make_pool(EnvMaker(cfg.env.id, dict(env_kwargs)), cfg.runners.count, address=cfg.ray_address) as pool:
+        with make_pool(EnvMaker(cfg.env.id, dict(env_kwargs)), cfg.runners.count, actors=cfg.runners.actors,
+                       step_timeout=cfg.runners.step_timeout, address=cfg.ray_address) as pool:
             trajectories = _collect(cfg, seeds, resolved, engine, policy.tokenizer, pool, bar, rollout_kwargs)
     finally:
         engine.close()

@@ -251,8 +251,9 @@ def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns
     """Every `auto` of the config decided once: the context, the engine, the KV size and the memory plan.
 
     Returns:
-        The config with the resolved values written in (what config.yaml saves, so `agentrl eval` and `--resume`
-        rebuild the same run), the plan, and the memory plan the backend is built with.
+        The config with the engine kind and the observation role written in (what config.yaml saves, so `agentrl
+        eval` and `--resume` rebuild the same prompts and engine), the plan, and the memory plan the backend is built
+        with.
     """
     # The cheapest context layout that stays correct (one training sample per episode wherever the template allows).
     context, context_why = resolve_context(cfg.context, agentrl.spec(cfg.env.id).load(), policy.tokenizer,

@@ -562,14 +562,15 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         summary["validation"] = {"samples": len(validation), "split_seeds_from": "eval (held-out split)",
                                  "nll_before": val_before, "nll_after": val_after}
     if cfg.eval_episodes:
-        from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, evaluate
+        from agentrl.recipes.evaluate import EvalConfig, eval_env, evaluate
 
         overrides = {} if cfg.eval_temperature is None else {"temperature": cfg.eval_temperature}
-        env = dataclasses.replace(cfg.env, kwargs={k: v for k, v in cfg.env.kwargs.items() if k != "split"},
-                                  seed_offset=EVAL_SEED_OFFSET)
+        env = eval_env(cfg.env.id, {k: v for k, v in cfg.env.kwargs.items() if k != "split"},
+                       max_turns=cfg.env.max_turns)
         results = evaluate(EvalConfig(
             model=str(out / "checkpoint"), env=env, episodes=cfg.eval_episodes,
-            max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.seed, thinking=cfg.context.enable_thinking,
+            max_new_tokens=cfg.sampling.max_new_tokens, max_context_tokens=cfg.context.max_context_tokens,
+            seed=cfg.seed, thinking=cfg.context.enable_thinking,
             context=cfg.context, sampling_overrides=overrides, output=str(out / "eval")), progress=progress)
         summary["eval"] = {"success_rate": results["overall"]["success_rate"],
                            "reward_mean": results["overall"]["reward_mean"], "split": results["env"]["split"]}

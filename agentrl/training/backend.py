@@ -39,7 +39,7 @@ class ScoreRequest:
     """One micro-batch for the pi_old pass.
 
     Attributes:
-        batch: the right-padded micro-batch (`agentrl.recipes.train.MicroBatch`).
+        batch: the right-padded micro-batch (`agentrl.training.microbatch.MicroBatch`).
         replay_routes: MoE experts to replay in the forward, `[n, S, L, K]` (R3); None routes live.
         record_routes: return the experts the training router chose (R2 replays them in the updates).
     """

@@ -138,7 +138,7 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
     Args:
         model: the policy (its config and parameter count).
         dtype_bytes: bytes per parameter and activation value.
-        token_budget: `loss.micro_batch_tokens`.
+        token_budget: `trainer.micro_batch_tokens`.
         longest_sample: the longest sample the env and config allow (``max_context_tokens + max_new_tokens``).
         checkpointing: ``on``, ``off`` or ``auto`` (on only when needed to fit).
         engine_copy: whether the inference engine holds its own weights in this process.
@@ -171,14 +171,14 @@ def plan_training_memory(model, *, dtype_bytes: int, token_budget: int, longest_
     if chosen.total > limit:
         fixes = []
         if not chosen.gradient_checkpointing:
-            fixes.append(f"loss.gradient_checkpointing: on (estimate {recompute.total / GiB:.1f} GiB)")
+            fixes.append(f"trainer.gradient_checkpointing: on (estimate {recompute.total / GiB:.1f} GiB)")
         if token_budget > longest_sample:
-            fixes.append(f"a smaller loss.micro_batch_tokens (now {token_budget})")
-        fixes.append(f"a smaller rollout.max_context_tokens (the longest sample is {longest_sample} tokens)")
+            fixes.append(f"a smaller trainer.micro_batch_tokens (now {token_budget})")
+        fixes.append(f"a smaller context.max_context_tokens (the longest sample is {longest_sample} tokens)")
         if engine_bytes:
-            fixes.append("rollout.engine_dtype: bfloat16 or a smaller rollout.engine_kv_cache_gib (the engine holds "
+            fixes.append("engine.dtype: bfloat16 or a smaller engine.kv_cache_gib (the engine holds "
                          f"{engine_bytes / GiB:.1f} GiB), or the engine as a Ray actor on another machine")
-        fixes.append("dtype: bfloat16, or a machine with more memory (loss.memory_limit_gb sets the limit)")
+        fixes.append("trainer.dtype: bfloat16, or a machine with more memory (trainer.memory_limit_gb sets the limit)")
         raise ConfigError(
             f"the training step needs about {chosen.total / GiB:.1f} GiB but {limit / GiB:.1f} GiB is available:\n"
             f"{chosen.table()}\nTo fit, set " + "; or ".join(fixes))

@@ -354,7 +354,7 @@ def _fit_routes(layer_routes: Tensor, n: int, s: int) -> Tensor:
 # ---- the per-run strategy: how the pi_old pass and the updates route ---------------------------------------------
 # Routing Replay as a strategy chosen once per run: how MoE experts are routed in the pi_old pass and the updates.
 #
-# See `agentrl.training.routing_replay` for the mechanism and the paper. Per run, one of:
+# The mechanism and the paper are above (`RoutingReplay`). Per run, one of:
 #
 # * `DenseRouting`: a dense model; nothing to route.
 # * `LiveRouting` (MoE, ``routing_replay: none``): the router routes live everywhere; the pi_old pass records the

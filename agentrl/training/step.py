@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.chat.samples import trajectory_to_samples
-from agentrl.config import AdvantageConfig, LossConfig, OptimConfig, TrainerConfig
+from agentrl.config import AdvantageConfig, ConfigError, LossConfig, OptimConfig, TrainerConfig
 from agentrl.objective import (
     LossOptions,
     OverlongConfig,
@@ -148,8 +148,7 @@ def overlong_and_dynamic_sampling(trajectories: list[Trajectory], loss: LossConf
     """
     keep = [True] * len(trajectories)
     if loss.overlong.mode != "none":
-        config = OverlongConfig(mode=loss.overlong.mode, max_length=budget, cache_length=loss.overlong.cache_length,
-                                penalty_factor=loss.overlong.penalty_factor)
+        config = overlong_config(loss, budget)
         rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N]
         lengths = torch.tensor([max((len(x.generated_ids) for x in t.turns), default=0) for t in trajectories])
         cut = torch.tensor([any(x.finish_reason == "length" for x in t.turns) for t in trajectories])  # [N]
@@ -163,6 +162,21 @@ def overlong_and_dynamic_sampling(trajectories: list[Trajectory], loss: LossConf
         keep = [k and bool(i) for k, i in zip(keep, informative.tolist())]
         extra["uninformative_frac"] = 1.0 - float(informative.float().mean()) if trajectories else 0.0
     return trajectories, keep
+
+
+def overlong_config(loss: LossConfig, budget: int) -> OverlongConfig:
+    """The objective's overlong settings: the configured ones, counting to `budget` unless a max_length is set.
+
+    Raises:
+        ConfigError: the settings do not fit the budget (a penalty band longer than the budget itself).
+    """
+    section = loss.overlong
+    try:
+        return OverlongConfig(mode=section.mode, max_length=section.max_length or budget,
+                              cache_length=section.cache_length, penalty_factor=section.penalty_factor)
+    except ValueError as e:
+        raise ConfigError(f"loss.overlong: {e} (the per-turn token budget is {budget}; set "
+                          f"loss.overlong.cache_length to at most that)") from None
 
 
 def kl_penalty_per_trajectory(trajectories: list[Trajectory], ref_logp: dict[int, torch.Tensor],
@@ -263,6 +277,7 @@ class TrainingStep:
 
     def __post_init__(self) -> None:
         self.objective = build_loss_options(self.loss, self.per_turn_budget)
+        overlong_config(self.loss, self.per_turn_budget)  # a penalty band that cannot fit fails now, not at step 0
         self.old_policy_pass = choose_old_policy(self.loss, self.optim, self.routing)
 
     def micro_batches(self, samples: list[Sample], members: Sequence[int]) -> list[list[int]]:
