@@ -237,9 +237,9 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     import dataclasses
 
     import agentrl
+    from agentrl.chat.layout import resolve_context
     from agentrl.config import apply_overrides, load_config
     from agentrl.engine.kv_cache import rollout_kv_bytes
-    from agentrl.chat.layout import resolve_context
     from agentrl.recipes.setup import is_single_turn, single_turn_context
 
     def resolved(cfg):  # as `set_up` resolves the context before sizing the engines
