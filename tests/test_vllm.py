@@ -195,7 +195,7 @@ def test_too_little_memory_is_refused_before_starting(folder):
     from agentrl.engine import EngineError
     from agentrl.engine.vllm import check_servable
 
-    with pytest.raises(EngineError, match="too little memory.*engine_kv_cache_gib"):
+    with pytest.raises(EngineError, match="too little memory.*engine.kv_cache_gib"):
         check_servable(folder, kv_cache_gib=100_000)
 
 

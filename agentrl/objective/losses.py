@@ -408,7 +408,7 @@ def policy_loss(
         raise ValueError("entropy_coef > 0 needs entropy, the policy's per-position entropy with grad")
     if opts.agg == "seq-mean-token-sum-norm" and opts.loss_scale_factor is None:
         raise ValueError(f"policy loss {name!r} divides by a constant: set loss_scale_factor to the configured "
-                         f"maximum response length (the trainer does this from rollout.max_new_tokens)")
+                         f"maximum response length (the trainer does this from sampling.max_new_tokens)")
     # Padding may hold anything (a -inf log-prob, NaN from a reference pass); where() keeps it out of every sum and
     # gives it an exact zero gradient, which multiplying by the mask would not (0 * nan = nan).
     logp, old_logp, rollout_logp, adv = (_zero_outside(t, m) for t in (logp, old_logp, rollout_logp, adv))
