@@ -57,7 +57,11 @@ def main() -> None:
     parser.add_argument("--engine", default="hf", help="hf: what the default install (no vLLM) runs")
     parser.add_argument("--runs", default="runs/main_job_seeds")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "main_job_seeds.json"))
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from an existing --out JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return
 
     runs = ROOT / args.runs
     runs.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,37 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
+    plot(result, out.with_suffix(".png"))
     print(json.dumps(summary, indent=1))
+
+
+def plot(result: dict, path: Path) -> None:
+    """Train success per step for every seed (left) and each seed's held-out success with its interval (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    for s in result["seeds"]:
+        curves.plot(range(len(s["train_success"])), s["train_success"], marker="o", ms=3, label=f"seed {s['seed']}")
+    curves.set(xlabel="step", ylabel="train success (4 tasks x 8 episodes)", ylim=(0, 1),
+               title="the main job, train success per step")
+    curves.legend(fontsize=8)
+    for offset, key, label in ((-0.15, "heldout_agentrl_eval", "agentrl eval"),
+                               (0.15, "heldout_train_sampling", "training sampler")):
+        xs = [i + offset for i in range(len(result["seeds"]))]
+        est = [s[key]["estimate"] for s in result["seeds"]]
+        err = [[e - s[key]["low"] for e, s in zip(est, result["seeds"])],
+               [s[key]["high"] - e for e, s in zip(est, result["seeds"])]]
+        bars.errorbar(xs, est, yerr=err, fmt="o", capsize=3, label=label)
+    bars.axhline(result["summary"]["heldout_agentrl_eval"]["mean"], ls="--", lw=1, color="gray", label="mean")
+    bars.set(xticks=range(len(result["seeds"])), xticklabels=[f"seed {s['seed']}" for s in result["seeds"]],
+             ylim=(0, 1), ylabel=f"held-out success ({result['episodes']} tasks, 95% Wilson)",
+             title="after 20 steps")
+    bars.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
