@@ -68,7 +68,7 @@ class EnvConfig:
     """Which environment, how to build it, which tasks each step plays."""
 
     id: str = "math"
-    """Registry id (`agentrl envs list`)."""
+    """Registry id (`agentrl envs list`), or ``package.module:Class``, or ``path/to/file.py:Class``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Constructor keyword arguments for the env (env-specific, so free-form); what is left out takes the env's own
     defaults (math: level 1)."""
@@ -79,7 +79,8 @@ class EnvConfig:
     WebShop: 15 steps; GUI: 25; ALFWorld: 50), so the default lets every built-in env play out whole episodes."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.id, str) and bool(self.id), "env.id", self.id, "a registered env id")
+        _require(isinstance(self.id, str) and bool(self.id), "env.id", self.id,
+                 "a registered env id, module:Class or path/to/file.py:Class")
         _require(self.seed_offset >= 0, "env.seed_offset", self.seed_offset, ">= 0 (env seeds cannot be negative)")
         _require(self.max_turns >= 1, "env.max_turns", self.max_turns, ">= 1")
 

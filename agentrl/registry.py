@@ -9,24 +9,36 @@ Python entry-point group ``agentrl.envs``: the entry point's name is the env id,
 
 Entry points are read once, on the first call to `make` or `registered`; an explicit `register` call with the same
 id wins over an entry point.
+
+An unregistered env can be named by where its class lives, as Gymnasium's ``make("module:Id")`` does:
+``"my_package.my_env:MyEnv"`` (imported with importlib, so it must be importable from `sys.path`) or
+``"path/to/my_env.py:MyEnv"`` (a file, relative to the current folder or absolute, imported as module ``my_env``).
+Such ids are not listed by `registered`.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
+import os
+import site
+import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from types import MappingProxyType
+from pathlib import Path
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from agentrl.env import TextEnv
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
-__all__ = ["EnvSpec", "UnknownEnvError", "register", "make", "registered", "spec"]
+__all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "register", "make", "registered", "spec", "short_name"]
 
 
 class UnknownEnvError(KeyError):
@@ -34,6 +46,14 @@ class UnknownEnvError(KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message and show quotes
         return str(self.args[0])
+
+
+class EnvLoadError(UnknownEnvError):
+    """Raised by `make` / `spec` for a ``module:Class`` or ``file.py:Class`` id that cannot be loaded.
+
+    The message is one line naming the id, the file (and line) that failed, and what was wrong. It subclasses
+    `UnknownEnvError` so that callers reporting a bad ``--env`` catch both.
+    """
 
 
 @dataclass(frozen=True)
@@ -45,12 +65,16 @@ class EnvSpec:
         entry_point: ``"pkg.module:ClassName"`` or the class / factory itself.
         defaults: keyword arguments passed to the constructor unless `make` overrides them.
         package: the distribution that provides it (``"agentrl"`` for the built-ins), for `agentrl envs list`.
+        py_modules: local code that other processes need to import `entry_point` (a ``.py`` file or a package
+            folder), for ids naming a module or file that no installed distribution provides. Ray runners receive
+            it through their runtime environment (``runtime_env={"py_modules": ...}``).
     """
 
     id: str
     entry_point: str | Callable[..., TextEnv]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     package: str = ""
+    py_modules: tuple[str, ...] = ()
 
     def load(self) -> Callable[..., TextEnv]:
         """Import and return the env class (or factory)."""
@@ -115,10 +139,18 @@ def registered() -> Mapping[str, EnvSpec]:
 
 
 def spec(id: str) -> EnvSpec:
-    """The spec registered under `id`; raises `UnknownEnvError` naming the closest known id."""
+    """The spec registered under `id`, or the spec of a ``module:Class`` / ``path/to/file.py:Class`` id.
+
+    Raises:
+        UnknownEnvError: a plain id nobody registered (the message names the closest known id).
+        EnvLoadError: a ``module:Class`` or ``file.py:Class`` id whose code cannot be imported, lacks the class, or
+            whose class is not a `TextEnv` subclass.
+    """
     _load_entry_points()
     if id in _specs:
         return _specs[id]
+    if ":" in id:
+        return _import_spec(id)
     known = sorted(_specs)
     close = difflib.get_close_matches(id, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -130,3 +162,128 @@ def make(id: str, **kwargs: Any) -> TextEnv:
     s = spec(id)
     factory = s.load()
     return factory(**{**s.defaults, **kwargs})
+
+
+def short_name(env_id: str) -> str:
+    """A folder-safe name for `env_id`: a registered id as is, the class name of a ``module:Class`` id."""
+    return env_id.rpartition(":")[2] if ":" in env_id else env_id
+
+
+def _import_spec(id: str) -> EnvSpec:
+    """The spec of a ``package.module:Class`` or ``path/to/file.py:Class`` id, importing its code now."""
+    source, _, attr = id.rpartition(":")
+    if not source or not attr.isidentifier():
+        raise EnvLoadError(f"cannot load env {id!r}: expected 'package.module:ClassName' or "
+                           f"'path/to/file.py:ClassName'")
+    module = _load_file(id, source) if _is_file(source) else _import_module(id, source)
+    cls = getattr(module, attr, None)
+    where = source if _is_file(source) else f"module {source!r}"
+    if cls is None:
+        found = [name for name, obj in vars(module).items()
+                 if isinstance(obj, type) and issubclass(obj, TextEnv) and obj.__module__ == module.__name__]
+        hint = f" (its TextEnv classes: {', '.join(found)})" if found else " (it defines no TextEnv subclass)"
+        raise EnvLoadError(f"cannot load env {id!r}: {where} has no {attr!r}{hint}")
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        kind = f"class {cls.__name__}" if isinstance(cls, type) else f"a {type(cls).__name__}"
+        raise EnvLoadError(f"cannot load env {id!r}: {attr} in {where} is {kind}, not an agentrl.TextEnv subclass; "
+                           f"derive it from agentrl.TextEnv")
+    return EnvSpec(id=id, entry_point=f"{module.__name__}:{attr}", package=source,
+                   py_modules=_code_to_ship(module))
+
+
+def _is_file(source: str) -> bool:
+    return source.endswith(".py") or "/" in source or os.sep in source
+
+
+def _load_file(id: str, source: str) -> ModuleType:
+    """Import `source` (a .py file) as the top-level module named after its stem, as ``python -c 'import x'`` would.
+
+    The stem is the module name Ray runners import it by (the file reaches them through ``py_modules``), so the
+    driver uses the same name; a name already taken by another module is refused rather than silently shadowed.
+    """
+    path = Path(source).expanduser().resolve()
+    if not path.is_file():
+        raise EnvLoadError(f"cannot load env {id!r}: no file {source!r} (a relative path starts from the current "
+                           f"folder, {os.getcwd()})")
+    name = path.stem
+    if path.suffix != ".py" or "." in name or not name:
+        raise EnvLoadError(f"cannot load env {id!r}: {source!r} must be a Python file named like my_env.py")
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if _same_file(getattr(loaded, "__file__", None), path):
+            return loaded
+        raise EnvLoadError(f"cannot load env {id!r}: {source} would be imported as module {name!r}, which is already "
+                           f"{getattr(loaded, '__file__', None) or 'a built-in module'}; rename the file")
+    found = importlib.util.find_spec(name)
+    if found is not None and not _same_file(found.origin, path):
+        raise EnvLoadError(f"cannot load env {id!r}: {source} would be imported as module {name!r}, which would "
+                           f"shadow {found.origin or 'an existing package'}; rename the file")
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None  # a .py path always has a source loader
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # before executing, as import does: dataclasses and pickle look the module up
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise EnvLoadError(f"cannot load env {id!r}: {_located(e, path)}") from None
+    return module
+
+
+def _import_module(id: str, source: str) -> ModuleType:
+    try:
+        return importlib.import_module(source)
+    except ModuleNotFoundError as e:
+        if e.name and (source == e.name or source.startswith(e.name + ".")):
+            raise EnvLoadError(f"cannot load env {id!r}: no module named {e.name!r} on sys.path; install it, run "
+                               f"from the folder that holds it, or name a file: path/to/file.py:Class") from None
+        raise EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
+    except Exception as e:
+        raise EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
+
+
+def _same_file(origin: str | None, path: Path) -> bool:
+    return origin is not None and Path(origin).resolve() == path
+
+
+def _located(exc: BaseException, path: Path | None) -> str:
+    """``file line N: Type: message`` for an exception raised while importing: in `path` when it is on the stack."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{_shown(exc.filename)} line {exc.lineno}: SyntaxError: {exc.msg}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    mine = [f for f in frames if path is not None and _same_file(f.filename, path)]
+    frame = (mine or frames or [None])[-1]
+    where = f"{_shown(frame.filename)} line {frame.lineno}: " if frame is not None else ""
+    message = str(exc).strip().splitlines()
+    return f"{where}{type(exc).__name__}: {message[0] if message else '(no message)'}"
+
+
+def _shown(filename: str) -> str:
+    """`filename` relative to the current folder when it is inside it (what the user typed), else as is."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return filename
+
+
+def _code_to_ship(module: ModuleType) -> tuple[str, ...]:
+    """The file or package folder runner processes need to import `module`; () for installed code.
+
+    Installed code (site-packages, the standard library, agentrl itself) is expected on every node already, as
+    agentrl is; shipping it would upload it for every run.
+    """
+    top_name = module.__name__.partition(".")[0]
+    if top_name == "agentrl":
+        return ()
+    top = sys.modules.get(top_name, module)
+    paths = list(getattr(top, "__path__", []) or [])
+    if len(paths) > 1:  # a namespace package spread over folders: Ray cannot ship it; it must be installed
+        return ()
+    location = paths[0] if paths else getattr(top, "__file__", None)
+    if not location:
+        return ()
+    resolved = Path(location).resolve()
+    installed = [*site.getsitepackages(), site.getusersitepackages(), sysconfig.get_paths()["stdlib"]]
+    if any(resolved.is_relative_to(Path(root).resolve()) for root in installed):
+        return ()
+    return (str(resolved),)

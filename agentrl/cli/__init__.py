@@ -15,6 +15,9 @@ webshop_app = typer.Typer(help="WebShop tools.", no_args_is_help=True)
 app.add_typer(webshop_app, name="webshop")
 
 
+_ENV_HELP = "Env id (see `agentrl envs list`), or package.module:Class, or path/to/file.py:Class."
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -56,7 +59,7 @@ def _parse_kwargs(pairs: list[str]) -> dict:
 
 @app.command()
 def play(
-    env: str = typer.Option(..., "--env", help="Env id (see `agentrl envs list`)."),
+    env: str = typer.Option(..., "--env", help=_ENV_HELP),
     seed: int = typer.Option(0, help="Episode seed: the same seed replays the same task."),
     expert: bool = typer.Option(False, "--expert", help="Let the env's expert play and print the transcript."),
     env_arg: list[str] = typer.Option([], "--env-arg", help="Env constructor argument KEY=VALUE (repeatable)."),
@@ -227,7 +230,7 @@ def _merge_env_args(overrides: dict, cfg, env_arg: tuple[str, ...]) -> None:
 
 @app.command("eval")
 def eval_(
-    env: str | None = typer.Option(None, "--env", help="Env id (see `agentrl envs list`)."),
+    env: str | None = typer.Option(None, "--env", help=_ENV_HELP),
     model: str | None = typer.Option(None, "--model", help="Built-in model, run checkpoint folder or hub id."),
     split: str | None = typer.Option(None, "--split", help="Held-out split (default: test, where the env has one)."),
     episodes: int = typer.Option(32, "--episodes", help="Tasks (env seeds) to evaluate."),

@@ -54,6 +54,7 @@ from agentrl.config import (
 )
 from agentrl.env import TextEnv
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
+from agentrl.registry import short_name
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.metrics import plot_metrics
 
@@ -337,7 +338,7 @@ def plot_sft_curves(metrics_path: Path, png_path: Path) -> None:
 def default_sft_dir(cfg: SFTConfig) -> Path:
     """A fresh folder for a run that named none: runs/sft-<env>-<model>-<date>-<time>."""
     model = Path(cfg.model).name if Path(cfg.model).exists() else cfg.model.replace("/", "_")
-    return Path("runs") / f"sft-{cfg.env.id}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"sft-{short_name(cfg.env.id)}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _context_kwargs(cfg: SFTConfig, policy) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from agentrl.config import RunConfig
 from agentrl.plan import RunPlan
 from agentrl.recipes.setup import Run, set_up
 from agentrl.records import Trajectory, save_trajectories
+from agentrl.registry import short_name
 from agentrl.rollout.scheduler import staleness_metrics
 from agentrl.training.backend import TrainerFailure
 from agentrl.training.checkpoint import CHECKPOINT, read_trainer_state
@@ -51,7 +52,7 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
 def default_run_dir(cfg: RunConfig) -> Path:
     """A fresh folder name for a run that did not name one: runs/<env>-<model>-<date>-<time>."""
     model = Path(cfg.model).name if Path(cfg.model).exists() else cfg.model.replace("/", "_")
-    return Path("runs") / f"{cfg.env.id}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{short_name(cfg.env.id)}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> Path:

@@ -82,11 +82,14 @@ class EnvMaker:
         env_id: registry id; recorded in trajectories.
         kwargs: constructor keyword arguments (on top of the registered defaults).
         entry_point: a class or factory (or ``"pkg.module:Class"``) to use instead of the registry's.
+        py_modules: local code (a ``.py`` file or a package folder) the runner processes must be able to import
+            `entry_point` from; `RayPool` ships it with Ray's ``runtime_env={"py_modules": ...}``.
     """
 
     env_id: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     entry_point: Callable[..., TextEnv] | str | None = None
+    py_modules: tuple[str, ...] = ()
 
     def resolved(self) -> EnvMaker:
         """The same maker with the registry lookup done here, so runner processes need no entry-point metadata."""
@@ -95,7 +98,8 @@ class EnvMaker:
         from agentrl.registry import spec
 
         s = spec(self.env_id)
-        return EnvMaker(self.env_id, {**s.defaults, **self.kwargs}, entry_point=s.entry_point)
+        return EnvMaker(self.env_id, {**s.defaults, **self.kwargs}, entry_point=s.entry_point,
+                        py_modules=s.py_modules)
 
     def _factory_and_kwargs(self) -> tuple[Callable[..., TextEnv], dict[str, Any]]:
         from agentrl.registry import EnvSpec, spec
@@ -364,6 +368,20 @@ class EnvHost:
                                        functools.partial(self._slots.close, slot))
 
 
+def _runtime_env_options(maker: EnvMaker) -> dict[str, Any]:
+    """Actor options that let runner processes import an env given as ``module:Class`` or ``file.py:Class``.
+
+    Ray's ``py_modules`` uploads a single ``.py`` file or a package folder once (content-addressed) and puts it on
+    the runners' `sys.path` on every node, so the env imports there under the same module name as in the driver.
+    ``working_dir`` would upload the whole current folder (run outputs and checkpoints included) and change the
+    runners' cwd; a PYTHONPATH in ``env_vars`` would only work on nodes that share the driver's filesystem. Ray merges
+    this per-actor runtime_env with the job's (`start_ray`'s ``env_vars`` stay in force).
+    """
+    if not maker.py_modules:
+        return {}
+    return {"runtime_env": {"py_modules": list(maker.py_modules)}}
+
+
 @dataclass(frozen=True)
 class _Call:
     id: int
@@ -431,6 +449,7 @@ class RayPool:
         remote_host = ray.remote(EnvHost).options(
             max_restarts=-1, max_task_retries=0, num_cpus=min(1.0, cluster_cpus / n_actors),
             max_concurrency=max(8, 2 * slots_per_actor + 2), scheduling_strategy="SPREAD",
+            **_runtime_env_options(maker),
         )
         self._hosts = [remote_host.remote(maker, shared_arg, build_in_actor, threads, step_timeout)
                        for _ in range(n_actors)]
