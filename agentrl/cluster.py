@@ -21,9 +21,12 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["start_ray", "ClusterError", "find_auth_token"]
+__all__ = ["start_ray", "ClusterError", "find_auth_token", "shipped_code"]
 
 log = logging.getLogger(__name__)
+
+_shipped: tuple[str, ...] | None = None
+"""The ``py_modules`` of the Ray job `start_ray` began (None: Ray was not started by `start_ray`)."""
 
 
 class ClusterError(RuntimeError):
@@ -89,8 +92,12 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     # glibc gives every stepping thread its own malloc arena; large numpy temporaries then stay as per-thread heap.
     # Two arenas keep envs with big transient arrays from multiplying their memory by the thread count.
     kwargs["runtime_env"] = {"env_vars": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2")}}
+    code = _env_code()
+    if code:
+        kwargs["runtime_env"]["py_modules"] = list(code)
     if not address:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **kwargs)
+        _set_shipped(code)
         return True
     if address != "auto" and "://" not in address:
         _check_reachable(address)
@@ -104,4 +111,31 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
                 "if the cluster uses token auth (Ray's default since 2.60), this machine has no token: set "
                 "RAY_AUTH_TOKEN to the output of `ray get-auth-token` on the head, or copy its ~/.ray/auth_token")
         raise ClusterError(f"could not join the Ray cluster at {address}: {str(e).splitlines()[0]}. {hint}") from None
+    _set_shipped(code)
     return True
+
+
+def _env_code() -> tuple[str, ...]:
+    """The code of the ``file.py:Class`` / ``module:Class`` envs loaded so far, for the job's ``py_modules``.
+
+    Ray's ``py_modules`` uploads each file or package folder once (content-addressed) and puts it on the `sys.path` of
+    every worker on every node, so runners import the env under the same module name as the driver. It takes local
+    paths only in the job's runtime_env, here at ``ray.init``, not per actor. ``working_dir`` would upload the whole
+    current folder (run outputs and checkpoints included) and move the workers' cwd; a PYTHONPATH in ``env_vars``
+    would only reach nodes that share the driver's filesystem.
+    """
+    from agentrl.registry import loaded_env_code
+
+    return loaded_env_code()
+
+
+def _set_shipped(code: tuple[str, ...]) -> None:
+    global _shipped
+    _shipped = code
+
+
+def shipped_code() -> tuple[str, ...] | None:
+    """The env code (``py_modules`` paths) the Ray job carries, or None when `start_ray` did not start it."""
+    import ray
+
+    return _shipped if ray.is_initialized() else None

@@ -38,7 +38,8 @@ from agentrl.env import TextEnv
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
-__all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "register", "make", "registered", "spec", "short_name"]
+__all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "register", "make", "registered", "spec", "short_name",
+           "loaded_env_code"]
 
 
 class UnknownEnvError(KeyError):
@@ -101,6 +102,7 @@ class EnvSpec:
 
 _specs: dict[str, EnvSpec] = {}
 _entry_points_loaded = False
+_loaded_code: dict[str, None] = {}  # py_modules of the module:Class / file.py:Class envs loaded, in load order
 
 
 def _load_entry_points() -> None:
@@ -187,8 +189,17 @@ def _import_spec(id: str) -> EnvSpec:
         kind = f"class {cls.__name__}" if isinstance(cls, type) else f"a {type(cls).__name__}"
         raise EnvLoadError(f"cannot load env {id!r}: {attr} in {where} is {kind}, not an agentrl.TextEnv subclass; "
                            f"derive it from agentrl.TextEnv")
-    return EnvSpec(id=id, entry_point=f"{module.__name__}:{attr}", package=source,
-                   py_modules=_code_to_ship(module))
+    code = _code_to_ship(module)
+    _loaded_code.update(dict.fromkeys(code))
+    return EnvSpec(id=id, entry_point=f"{module.__name__}:{attr}", package=source, py_modules=code)
+
+
+def loaded_env_code() -> tuple[str, ...]:
+    """Files and package folders of the ``module:Class`` / ``file.py:Class`` envs loaded so far in this process.
+
+    `agentrl.cluster.start_ray` ships them to Ray workers; installed code is not listed (every node has it).
+    """
+    return tuple(path for path in _loaded_code if os.path.exists(path))  # a deleted temp file cannot be shipped
 
 
 def _is_file(source: str) -> bool:

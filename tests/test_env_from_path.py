@@ -84,7 +84,8 @@ def test_a_file_outside_sys_path_is_loaded_and_shipped_to_runners(tmp_path):
     ("import agentrl\nx = 1\ny = undefined_name\n", "Counter",
      r"cannot load env '{file}:Counter': {file} line 3: NameError: name 'undefined_name' is not defined$"),
     ("def broken(:\n", "Counter", r"cannot load env '{file}:Counter': {file} line 1: SyntaxError: "),
-    (COUNTER_ENV, "Missing", r"cannot load env '{file}:Missing': {file} has no 'Missing' \(its TextEnv classes: Counter\)$"),
+    (COUNTER_ENV, "Missing",
+     r"cannot load env '{file}:Missing': {file} has no 'Missing' \(its TextEnv classes: Counter\)$"),
     (COUNTER_ENV, "NotAnEnv", r"cannot load env '{file}:NotAnEnv': NotAnEnv in {file} is class NotAnEnv, "
                               r"not an agentrl.TextEnv subclass"),
 ])

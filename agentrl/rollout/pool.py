@@ -54,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentrl.cluster import start_ray
+from agentrl.cluster import ClusterError, shipped_code, start_ray
 from agentrl.env import SharedResource, TextEnv
 
 __all__ = [
@@ -83,7 +83,7 @@ class EnvMaker:
         kwargs: constructor keyword arguments (on top of the registered defaults).
         entry_point: a class or factory (or ``"pkg.module:Class"``) to use instead of the registry's.
         py_modules: local code (a ``.py`` file or a package folder) the runner processes must be able to import
-            `entry_point` from; `RayPool` ships it with Ray's ``runtime_env={"py_modules": ...}``.
+            `entry_point` from; `start_ray` ships it to them in the job's ``runtime_env={"py_modules": ...}``.
     """
 
     env_id: str
@@ -368,18 +368,17 @@ class EnvHost:
                                        functools.partial(self._slots.close, slot))
 
 
-def _runtime_env_options(maker: EnvMaker) -> dict[str, Any]:
-    """Actor options that let runner processes import an env given as ``module:Class`` or ``file.py:Class``.
+def _check_code_shipped(maker: EnvMaker) -> None:
+    """Refuse a ``file.py:Class`` / ``module:Class`` env whose code the Ray job does not carry (runners would fail).
 
-    Ray's ``py_modules`` uploads a single ``.py`` file or a package folder once (content-addressed) and puts it on
-    the runners' `sys.path` on every node, so the env imports there under the same module name as in the driver.
-    ``working_dir`` would upload the whole current folder (run outputs and checkpoints included) and change the
-    runners' cwd; a PYTHONPATH in ``env_vars`` would only work on nodes that share the driver's filesystem. Ray merges
-    this per-actor runtime_env with the job's (`start_ray`'s ``env_vars`` stay in force).
+    Ray accepts local paths in ``py_modules`` only in the job's runtime_env, at ``ray.init``; `start_ray` adds the
+    code of every such env loaded so far. An env loaded after Ray started misses it.
     """
-    if not maker.py_modules:
-        return {}
-    return {"runtime_env": {"py_modules": list(maker.py_modules)}}
+    shipped = shipped_code()
+    missing = [path for path in maker.py_modules if shipped is not None and path not in shipped]
+    if missing:
+        raise ClusterError(f"env {maker.env_id!r} needs {missing[0]} in its Ray runners, but Ray was started before "
+                           f"the env was loaded; call agentrl.spec({maker.env_id!r}) before starting Ray")
 
 
 @dataclass(frozen=True)
@@ -429,6 +428,7 @@ class RayPool:
         self.batch_calls = batch_calls
         maker = maker.resolved()
         self._owns_ray = start_ray(address)
+        _check_code_shipped(maker)
         # CPUs not already held (by trainer workers, say): actors asking for more would wait forever.
         cluster_cpus = max(1, int(ray.available_resources().get("CPU", 1)))
         n_actors = min(slots, actors if actors > 0 else cluster_cpus)
@@ -449,7 +449,6 @@ class RayPool:
         remote_host = ray.remote(EnvHost).options(
             max_restarts=-1, max_task_retries=0, num_cpus=min(1.0, cluster_cpus / n_actors),
             max_concurrency=max(8, 2 * slots_per_actor + 2), scheduling_strategy="SPREAD",
-            **_runtime_env_options(maker),
         )
         self._hosts = [remote_host.remote(maker, shared_arg, build_in_actor, threads, step_timeout)
                        for _ in range(n_actors)]
