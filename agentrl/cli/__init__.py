@@ -136,20 +136,35 @@ def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tup
         _fail(str(e))
     import dataclasses
 
+    from agentrl.recipes.stops import exit_code
     from agentrl.recipes.train import TrainingError, default_run_dir, plot_curves, train
 
     if not cfg.output:  # named here, so an interrupted run can still say where it is
         cfg = dataclasses.replace(cfg, output=str(default_run_dir(cfg)))
+    code = 0
     try:
         out = train(cfg, resume=resume is not None, overwrite=overwrite)
     except (ConfigError, UnknownModelError, UnknownEnvError, TrainingError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        metrics = Path(cfg.output) / "metrics.jsonl"
-        if metrics.exists():
-            plot_curves(metrics, metrics.parent / "curves.png")
-        _fail(f"interrupted; the last checkpoint and the metrics so far are kept in {cfg.output}", code=130)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`RunStopped`)
+        code = exit_code(e)
+    if code:  # said outside the except: the stopped frames (and their progress bars) are gone, so this is the end
+        _stopped(Path(cfg.output), cfg.steps, code, plot_curves)
     typer.echo(f"run saved in {out} (metrics.jsonl, curves.png, checkpoint/)")
+
+
+def _stopped(out: Path, steps: int, code: int, plot_curves) -> None:
+    """A run stopped by a signal: plot what it has, then one line on where it stands and how to go on."""
+    import signal
+
+    from agentrl.recipes.train import stop_message
+
+    if (out / "metrics.jsonl").exists():
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
+    name = "Ctrl-C" if code == 128 + signal.SIGINT else signal.Signals(code - 128).name
+    # Not "error:": the user asked for this stop
+    typer.secho(stop_message(out, steps, name), fg=typer.colors.YELLOW, err=True)
+    raise typer.Exit(code)
 
 
 @app.command(add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

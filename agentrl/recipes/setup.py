@@ -29,6 +29,7 @@ from agentrl.env import TextEnv
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard
 from agentrl.plan import RunPlan
+from agentrl.recipes.stops import claim_sigterm
 from agentrl.rollout.scheduler import RolloutScheduler
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.checkpoint import (
@@ -345,6 +346,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce) -> 
     state = resume_state(cfg, out) if resume else None
     with contextlib.ExitStack() as undo:  # a set-up that fails half way releases what it had built
         owns_ray = connect_ray(cfg)
+        claim_sigterm()  # ray.init gave SIGTERM to Ray's C++ handler, which prints a stack dump: take it back
         undo.callback(_disconnect_ray, owns_ray)
         placement = reserve_placement(cfg)
         if placement is not None:

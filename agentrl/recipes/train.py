@@ -30,6 +30,7 @@ from agentrl.cluster import ClusterError
 from agentrl.config import RunConfig
 from agentrl.plan import RunPlan
 from agentrl.recipes.setup import Run, set_up
+from agentrl.recipes.stops import sigterm_stops
 from agentrl.records import Trajectory, save_trajectories
 from agentrl.registry import short_name
 from agentrl.rollout.scheduler import staleness_metrics
@@ -40,7 +41,7 @@ from agentrl.training.microbatch import padding_waste
 from agentrl.training.routing_replay import RoutingReplayError
 from agentrl.training.step import OldPolicy, StepSamples, TrainingError, UpdateResult, as_trained
 
-__all__ = ["train", "TrainingError", "default_run_dir", "plot_curves"]
+__all__ = ["train", "TrainingError", "default_run_dir", "plot_curves", "stop_message"]
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
@@ -64,7 +65,15 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
         resume: continue from `cfg.output/checkpoint` (weights, optimizer, step, data order) up to `cfg.steps`.
         overwrite: replace a run already saved in `cfg.output` (otherwise that is an error: no run is lost silently).
         progress: show the plan and a progress bar.
+
+    Raises:
+        KeyboardInterrupt: on Ctrl-C, or `agentrl.recipes.stops.RunStopped` on SIGTERM, after the clean-up ran.
     """
+    with sigterm_stops():  # SIGTERM unwinds like Ctrl-C: Ray shuts down in order, without a C++ stack dump
+        return _train(cfg, resume=resume, overwrite=overwrite, progress=progress)
+
+
+def _train(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool) -> Path:
     from tqdm import tqdm
 
     if not cfg.output:
@@ -95,10 +104,11 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
                    desc=cfg.env.id, unit="step")
         for step in bar:
             train_step(run, step, say=bar.write, show=show)
-        bar.close()
     except TrainerFailure as e:
         raise TrainingError(f"{e} (step {step}); {_resume_hint(run.out)}") from None
     finally:
+        if bar is not None:  # closed now, so a stop's last line is not followed by a redrawn bar
+            bar.close()
         run.close()
     plot_curves(run.out / "metrics.jsonl", run.out / "curves.png")
     return run.out
@@ -223,3 +233,16 @@ def _resume_hint(out: Path) -> str:
         return "no checkpoint was saved yet"
     last = read_trainer_state(out / CHECKPOINT).step
     return f"the checkpoint of step {last} in {out / CHECKPOINT} is intact: continue with `agentrl run --resume {out}`"
+
+
+def stop_message(out: Path, steps: int, signal_name: str) -> str:
+    """One line for a run stopped by a signal: the run folder, the last checkpointed step and how to go on."""
+    state = out / CHECKPOINT / "trainer_state.json"
+    if state.exists():
+        last = read_trainer_state(out / CHECKPOINT).step
+        return (f"stopped by {signal_name}; {out} keeps the checkpoint of step {last} and the metrics so far: "
+                f"continue with `agentrl run --resume {out} --steps {steps}`")
+    if (out / "config.yaml").exists():
+        return (f"stopped by {signal_name} before the first checkpoint of {out}: start again with "
+                f"`agentrl run --config {out / 'config.yaml'} --overwrite`")
+    return f"stopped by {signal_name} before anything was saved in {out}"
