@@ -455,32 +455,12 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         ClusterError: Ray cannot place `cfg.trainer.workers` workers.
         TrainerFailure: a trainer worker died or failed (nothing was checkpointed).
     """
-    from tqdm import tqdm
-
     import agentrl
     from agentrl.models import load_model
-    from agentrl.training.backend import LikelihoodObjective, UpdateRequest
     from agentrl.training.checkpoint import TrainerState, save_checkpoint
     from agentrl.training.memory import plan_training_memory
-    from agentrl.training.microbatch import collate, pack_by_tokens
 
-    if not cfg.output:
-        cfg = dataclasses.replace(cfg, output=str(default_sft_dir(cfg)))
-    out = Path(cfg.output)
-    if out.exists() and not out.is_dir():
-        raise SFTError(f"cannot use {out} as the run folder: it is a file")
-    if not overwrite and (out / "metrics.jsonl").exists():
-        raise SFTError(f"{out} already holds a run; replace it with --overwrite or choose another --output")
-    if cfg.data and not Path(cfg.data).is_file():
-        raise SFTError(f"demonstrations file not found: {cfg.data}")
-    _check_trainers(cfg)
-    agentrl.spec(cfg.env.id)
-    try:
-        agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
-    except (TypeError, ValueError, OSError) as e:
-        raise SFTError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
+    cfg, out = _prepare_run_folder(cfg, overwrite)
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
 
@@ -508,47 +488,12 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         checkpointing=cfg.trainer.gradient_checkpointing, engine_copy=False, limit_bytes=_memory_limit(cfg),
         shards=max(cfg.trainer.workers, 1))
     order = torch.Generator().manual_seed(cfg.seed)
-    lengths = [len(s.input_ids) for s in samples]
-    batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
-    total_steps = cfg.epochs * batches_per_epoch
-    step = 0
-    out_of_time = False
+    total_steps = cfg.epochs * math.ceil(len(samples) / cfg.batch_size)
     with contextlib.ExitStack() as stack:  # trainer workers and a Ray started here end with the training
         backend = _build_backend(cfg, policy, memory, stack)
         budget = cfg.trainer.micro_batch_tokens
         val_before = demonstration_nll(backend, validation, pad_id, budget) if validation else None
-        t_loop = time.perf_counter()
-        bar = tqdm(total=total_steps, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}", unit="step")
-        for epoch in range(cfg.epochs):
-            perm = torch.randperm(len(samples), generator=order).tolist()
-            for b in range(batches_per_epoch):
-                out_of_time = bool(cfg.max_seconds) and time.perf_counter() - t_loop > cfg.max_seconds
-                if out_of_time:
-                    break
-                t0 = time.perf_counter()
-                members = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
-                batch = [samples[i] for i in members]
-                num_tokens = sum(s.num_loss_tokens for s in batch)
-                lr = _lr_at(step, cfg.optim.lr, cfg.warmup_steps)
-                requests = [UpdateRequest(collate([samples[i] for i in chunk], pad_id), None)
-                            for chunk in pack_by_tokens(lengths, members, budget, cfg.trainer.micro_batch_size)]
-                done = backend.accumulate(requests, LikelihoodObjective(sft_loss, num_tokens))
-                if not all(r.finite for r in done):
-                    raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.optim.lr})")
-                loss_sum = sum(r.metrics["loss"] for r in done)  # the batch's mean token NLL
-                grad_norm = backend.step(cfg.optim.grad_clip, lr)
-                row = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm,
-                       "samples": len(batch), "loss_tokens": num_tokens,
-                       "tokens": sum(len(s.input_ids) for s in batch), "step_seconds": time.perf_counter() - t0}
-                with open(out / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps({k: v if not isinstance(v, float) or math.isfinite(v) else None
-                                        for k, v in row.items()}) + "\n")
-                bar.update(1)
-                bar.set_postfix({"loss": f"{loss_sum:.3f}"})
-                step += 1
-            if out_of_time:
-                break
-        bar.close()
+        step, out_of_time = _fit(cfg, backend, samples, pad_id, order, out, progress)
         t_train = time.perf_counter() - t_start - t_data
         val_after = demonstration_nll(backend, validation, pad_id, budget) if validation else None
         save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, backend.world_size, order))
@@ -563,17 +508,98 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
         summary["validation"] = {"samples": len(validation), "split_seeds_from": "eval (held-out split)",
                                  "nll_before": val_before, "nll_after": val_after}
     if cfg.eval_episodes:
-        from agentrl.recipes.evaluate import EvalConfig, eval_env, evaluate
-
-        overrides = {} if cfg.eval_temperature is None else {"temperature": cfg.eval_temperature}
-        env = eval_env(cfg.env.id, {k: v for k, v in cfg.env.kwargs.items() if k != "split"},
-                       max_turns=cfg.env.max_turns)
-        results = evaluate(EvalConfig(
-            model=str(out / "checkpoint"), env=env, episodes=cfg.eval_episodes,
-            max_new_tokens=cfg.sampling.max_new_tokens, max_context_tokens=cfg.context.max_context_tokens,
-            seed=cfg.seed, thinking=cfg.context.enable_thinking,
-            context=cfg.context, sampling_overrides=overrides, output=str(out / "eval")), progress=progress)
-        summary["eval"] = {"success_rate": results["overall"]["success_rate"],
-                           "reward_mean": results["overall"]["reward_mean"], "split": results["env"]["split"]}
+        summary["eval"] = _evaluate_checkpoint(cfg, out, progress)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return out
+
+
+def _prepare_run_folder(cfg: SFTConfig, overwrite: bool) -> tuple[SFTConfig, Path]:
+    """Check what can be refused before a model loads (folder, data file, workers, env arguments); make the folder.
+
+    Returns:
+        The config with its run folder named (a fresh one when it named none) and that folder.
+    """
+    import agentrl
+
+    if not cfg.output:
+        cfg = dataclasses.replace(cfg, output=str(default_sft_dir(cfg)))
+    out = Path(cfg.output)
+    if out.exists() and not out.is_dir():
+        raise SFTError(f"cannot use {out} as the run folder: it is a file")
+    if not overwrite and (out / "metrics.jsonl").exists():
+        raise SFTError(f"{out} already holds a run; replace it with --overwrite or choose another --output")
+    if cfg.data and not Path(cfg.data).is_file():
+        raise SFTError(f"demonstrations file not found: {cfg.data}")
+    _check_trainers(cfg)
+    agentrl.spec(cfg.env.id)
+    try:
+        agentrl.make(cfg.env.id, **cfg.env.kwargs).close()
+    except (TypeError, ValueError, OSError) as e:
+        raise SFTError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    return cfg, out
+
+
+def _fit(cfg: SFTConfig, backend: TrainingBackend, samples: list[Sample], pad_id: int, order: torch.Generator,
+         out: Path, progress: bool) -> tuple[int, bool]:
+    """The epochs: one optimizer step per `batch_size` samples, through the backend; a metrics line per step.
+
+    Returns:
+        The steps taken and whether `max_seconds` stopped the loop early.
+    """
+    from tqdm import tqdm
+
+    from agentrl.training.backend import LikelihoodObjective, UpdateRequest
+    from agentrl.training.microbatch import collate, pack_by_tokens
+
+    lengths = [len(s.input_ids) for s in samples]
+    batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
+    budget = cfg.trainer.micro_batch_tokens
+    step, t_loop = 0, time.perf_counter()
+    bar = tqdm(total=cfg.epochs * batches_per_epoch, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}",
+               unit="step")
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(len(samples), generator=order).tolist()
+        for b in range(batches_per_epoch):
+            if cfg.max_seconds and time.perf_counter() - t_loop > cfg.max_seconds:
+                bar.close()
+                return step, True
+            t0 = time.perf_counter()
+            members = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+            batch = [samples[i] for i in members]
+            num_tokens = sum(s.num_loss_tokens for s in batch)
+            lr = _lr_at(step, cfg.optim.lr, cfg.warmup_steps)
+            requests = [UpdateRequest(collate([samples[i] for i in chunk], pad_id), None)
+                        for chunk in pack_by_tokens(lengths, members, budget, cfg.trainer.micro_batch_size)]
+            done = backend.accumulate(requests, LikelihoodObjective(sft_loss, num_tokens))
+            if not all(r.finite for r in done):
+                raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.optim.lr})")
+            loss_sum = sum(r.metrics["loss"] for r in done)  # the batch's mean token NLL
+            grad_norm = backend.step(cfg.optim.grad_clip, lr)
+            row = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm,
+                   "samples": len(batch), "loss_tokens": num_tokens,
+                   "tokens": sum(len(s.input_ids) for s in batch), "step_seconds": time.perf_counter() - t0}
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({k: v if not isinstance(v, float) or math.isfinite(v) else None
+                                    for k, v in row.items()}) + "\n")
+            bar.update(1)
+            bar.set_postfix({"loss": f"{loss_sum:.3f}"})
+            step += 1
+    bar.close()
+    return step, False
+
+
+def _evaluate_checkpoint(cfg: SFTConfig, out: Path, progress: bool) -> dict[str, Any]:
+    """The checkpoint on `eval_episodes` held-out tasks, with the run's context and budgets (``out/eval``)."""
+    from agentrl.recipes.evaluate import EvalConfig, eval_env, evaluate
+
+    overrides = {} if cfg.eval_temperature is None else {"temperature": cfg.eval_temperature}
+    env = eval_env(cfg.env.id, {k: v for k, v in cfg.env.kwargs.items() if k != "split"}, max_turns=cfg.env.max_turns)
+    results = evaluate(EvalConfig(
+        model=str(out / "checkpoint"), env=env, episodes=cfg.eval_episodes,
+        max_new_tokens=cfg.sampling.max_new_tokens, max_context_tokens=cfg.context.max_context_tokens,
+        seed=cfg.seed, thinking=cfg.context.enable_thinking,
+        context=cfg.context, sampling_overrides=overrides, output=str(out / "eval")), progress=progress)
+    return {"success_rate": results["overall"]["success_rate"], "reward_mean": results["overall"]["reward_mean"],
+            "split": results["env"]["split"]}
