@@ -25,7 +25,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -456,6 +456,9 @@ class GuardConfig:
 class RunConfig:
     """Everything `agentrl run` needs, one section per owner; `agentrl run --help` lists every field."""
 
+    MOVED: ClassVar[dict[str, str]]
+    """Keys of earlier layouts and where they live now (`MOVED_KEYS`, set below it)."""
+
     model: str = "smollm2-135m"
     """A built-in (smollm2-135m, tiny-qwen3, tiny-qwen3-moe), a local Hugging Face folder, or a hub id."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -538,21 +541,29 @@ MOVED_KEYS: dict[str, str] = {
     "dtype": "trainer.dtype",
 }
 """Keys of earlier config layouts and where they live now: a YAML that still uses one fails with one line."""
+RunConfig.MOVED = MOVED_KEYS
+
+
+def _old_keys(values: dict[str, Any], moved_keys: dict[str, str]) -> list[tuple[str, dict[str, Any], str]]:
+    """The keys of `moved_keys` present in `values`: (old dotted key, the mapping holding it, its leaf name)."""
+    found = []
+    for old in moved_keys:  # every key listed is gone from its old place: its presence marks an earlier layout
+        section, _, leaf = old.rpartition(".")
+        node = values.get(section) if section else values
+        if isinstance(node, dict) and leaf in node:
+            found.append((old, node, leaf))
+    return found
 
 
 def _moved_key(cls: type, values: dict[str, Any]) -> str | None:
     """The first key of an earlier layout in `values` (a `cls` mapping), as ``old is now new``; None if none.
 
-    `cls` lists its moved keys in a ``MOVED`` class attribute (RunConfig's is `MOVED_KEYS`).
+    `cls` lists its moved keys in a ``MOVED`` class attribute (`MOVED_KEYS` for `RunConfig`).
     """
-    moved = MOVED_KEYS if cls is RunConfig else getattr(cls, "MOVED", {})
-    fields = {f.name for f in dataclasses.fields(cls)}
-    for old, new in moved.items():  # every key listed is gone from its old place: its presence is the error
-        section, _, leaf = old.rpartition(".")
-        node = values.get(section) if section else values
-        if isinstance(node, dict) and leaf in node:
-            return f"{old} is now {new}"
-    if isinstance(values.get("rollout"), dict) and "rollout" not in fields:
+    old = _old_keys(values, cls.MOVED)
+    if old:
+        return f"{old[0][0]} is now {cls.MOVED[old[0][0]]}"
+    if isinstance(values.get("rollout"), dict) and "rollout" not in {f.name for f in dataclasses.fields(cls)}:
         return "the rollout section is gone: its keys moved to sampling, engine, runners, scheduler, context and env"
     return None
 
@@ -597,7 +608,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
-    if (cls is RunConfig or hasattr(cls, "MOVED")) and (moved := _moved_key(cls, values)):
+    if hasattr(cls, "MOVED") and (moved := _moved_key(cls, values)):
         raise ConfigError(moved)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -629,15 +640,7 @@ def read_run_config(path: str | Path) -> tuple[RunConfig, list[str]]:
     saved before the sections were sorted by owner must still resume and evaluate: its keys are moved here.
     """
     p = Path(path)
-    try:
-        values = yaml.safe_load(p.read_text()) or {}
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read it ({e.strerror or e})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of config sections")
-    values, moved = upgrade_layout(values, MOVED_KEYS)
+    values, moved = upgrade_layout(_read_mapping(p, "config sections"), MOVED_KEYS)
     try:
         return _build(RunConfig, values), moved
     except ConfigError as e:
@@ -654,11 +657,8 @@ def upgrade_layout(values: dict[str, Any], moved_keys: dict[str, str]) -> tuple[
     """
     values = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
     moves = []
-    for old, new in moved_keys.items():
-        section, _, leaf = old.rpartition(".")
-        node = values.get(section) if section else values
-        if not isinstance(node, dict) or leaf not in node:
-            continue
+    for old, node, leaf in _old_keys(values, moved_keys):
+        new = moved_keys[old]
         value = node.pop(leaf)
         if old == "loss.advantage_options":
             values.setdefault("advantage", {}).update(value or {})
@@ -684,18 +684,26 @@ def load_yaml(cls: type, path: str | Path | None, top_level: str) -> Any:
     if path is None:
         return cls()
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        values = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of {top_level}")
+    values = _read_mapping(p, top_level)
     try:
         return _build(cls, values)
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
+
+
+def _read_mapping(p: Path, top_level: str) -> dict[str, Any]:
+    """The YAML mapping in file `p`; a missing file, bad YAML or another top level is one `ConfigError` line."""
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        values = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({_yaml_problem(e)})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of {top_level}")
+    return values
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:

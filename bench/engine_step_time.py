@@ -59,7 +59,8 @@ def main() -> None:
                                   - statistics.mean(r["reward_mean"] for r in rows[:5]), 3),
             "prefix_cache_hit_rate": [r.get("prefix_cache_hit_rate") for r in rows],
             "load_before": before, "load_after": os.getloadavg()[0],
-            "exit_code": proc.returncode, "run": str(out),
+            # Relative to the repository where it lies there: results in git must not name this machine's paths.
+            "exit_code": proc.returncode, "run": _relative(out),
         }
         print(engine, json.dumps(summary[engine]), flush=True)
     if {"hf", "vllm"} <= summary.keys():
@@ -93,6 +94,13 @@ def plot(summary: dict, png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def _relative(path: Path) -> str:
+    """`path` relative to the repository when it lies inside it, else as given."""
+    root = RESULTS.parents[1]
+    resolved = path.resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
 
 
 if __name__ == "__main__":

@@ -111,9 +111,9 @@ def _run_options() -> list:
 
 def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tuple[str, ...], overwrite: bool) -> None:
     """`agentrl run`'s body: `overrides` are the config flags given (dotted path -> value)."""
-    from agentrl.config import ConfigError, apply_overrides, load_config, read_run_config
-    from agentrl.models import UnknownModelError, check_model_name
-    from agentrl.registry import UnknownEnvError, spec
+    from agentrl.config import ConfigError, load_config, read_run_config
+    from agentrl.models import UnknownModelError
+    from agentrl.registry import UnknownEnvError
 
     try:
         if resume is not None:
@@ -127,11 +127,7 @@ def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tup
             overrides["output"] = str(resume)
         else:
             cfg = load_config(config)
-        _merge_env_args(overrides, cfg, env_arg)
-        cfg = apply_overrides(cfg, overrides)
-        # Typos in the env or model name must not wait for the trainer's imports (seconds).
-        spec(cfg.env.id)
-        check_model_name(cfg.model)
+        cfg = _configured(cfg, overrides, env_arg)
     except (ConfigError, UnknownModelError, UnknownEnvError) as e:
         _fail(str(e))
     import dataclasses
@@ -205,19 +201,14 @@ def _sft_options() -> list:
 def _sft(overrides: dict, config: Path | None, env_arg: tuple[str, ...], overwrite: bool) -> None:
     """`agentrl sft`'s body: `overrides` are the config flags given (dotted path -> value)."""
     from agentrl.cluster import ClusterError
-    from agentrl.config import ConfigError, apply_overrides
-    from agentrl.models import UnknownModelError, check_model_name
+    from agentrl.config import ConfigError
+    from agentrl.models import UnknownModelError
     from agentrl.recipes.sft import SFTError, load_sft_config, run_sft
     from agentrl.registry import UnknownEnvError
-    from agentrl.registry import spec as env_spec
     from agentrl.training.backend import TrainerFailure
 
     try:
-        cfg = load_sft_config(config)
-        _merge_env_args(overrides, cfg, env_arg)
-        cfg = apply_overrides(cfg, overrides)
-        env_spec(cfg.env.id)
-        check_model_name(cfg.model)
+        cfg = _configured(load_sft_config(config), overrides, env_arg)
         out = run_sft(cfg, overwrite=overwrite)
     except (ConfigError, SFTError, UnknownModelError, UnknownEnvError, ClusterError, TrainerFailure) as e:
         _fail(str(e))
@@ -227,6 +218,22 @@ def _sft(overrides: dict, config: Path | None, env_arg: tuple[str, ...], overwri
     typer.echo(summary)
     typer.echo(f"SFT run saved in {out} (metrics.jsonl, curves.png, checkpoint/, eval/); continue with RL: "
                f"agentrl run --env {cfg.env.id} --model {out / 'checkpoint'}")
+
+
+def _configured(cfg, overrides: dict, env_arg: tuple[str, ...]):
+    """`cfg` (a `RunConfig` or `SFTConfig`) with the command line's flags and --env-arg applied, env and model checked.
+
+    Typos in the env or model name must not wait for the trainer's imports (seconds).
+    """
+    from agentrl.config import apply_overrides
+    from agentrl.models import check_model_name
+    from agentrl.registry import spec
+
+    _merge_env_args(overrides, cfg, env_arg)
+    cfg = apply_overrides(cfg, overrides)
+    spec(cfg.env.id)
+    check_model_name(cfg.model)
+    return cfg
 
 
 def _merge_env_args(overrides: dict, cfg, env_arg: tuple[str, ...]) -> None:

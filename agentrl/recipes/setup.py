@@ -8,7 +8,6 @@ order matters: Ray before any model loads (trainer workers and engines reserve d
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -386,8 +385,3 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce) -> 
     G = cfg.guard
     guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action)
     return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, placement, owns_ray)
-
-
-def with_output(cfg: RunConfig, folder: Path | str) -> RunConfig:
-    """The config with its run folder set (a run that did not name one gets a fresh folder before set-up)."""
-    return dataclasses.replace(cfg, output=str(folder))

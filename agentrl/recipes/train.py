@@ -226,20 +226,25 @@ def guard_and_checkpoint(run: Run, step: int, metrics: dict[str, float], say) ->
         f"{out / CHECKPOINT})")
 
 
+def _last_checkpoint_step(out: Path) -> int | None:
+    """The step the run folder's checkpoint holds, or None when none was saved yet."""
+    if not (out / CHECKPOINT / "trainer_state.json").exists():
+        return None
+    return read_trainer_state(out / CHECKPOINT).step
+
+
 def _resume_hint(out: Path) -> str:
     """Where a run that stopped stands: the checkpoint to resume from, or that there is none yet."""
-    state = out / CHECKPOINT / "trainer_state.json"
-    if not state.exists():
+    last = _last_checkpoint_step(out)
+    if last is None:
         return "no checkpoint was saved yet"
-    last = read_trainer_state(out / CHECKPOINT).step
     return f"the checkpoint of step {last} in {out / CHECKPOINT} is intact: continue with `agentrl run --resume {out}`"
 
 
 def stop_message(out: Path, steps: int, signal_name: str) -> str:
     """One line for a run stopped by a signal: the run folder, the last checkpointed step and how to go on."""
-    state = out / CHECKPOINT / "trainer_state.json"
-    if state.exists():
-        last = read_trainer_state(out / CHECKPOINT).step
+    last = _last_checkpoint_step(out)
+    if last is not None:
         return (f"stopped by {signal_name}; {out} keeps the checkpoint of step {last} and the metrics so far: "
                 f"continue with `agentrl run --resume {out} --steps {steps}`")
     if (out / "config.yaml").exists():
