@@ -45,7 +45,7 @@ from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_trainin
 from agentrl.training.placement import RESOURCE_SHARE, Placement, PlacementPlan, check_node_resources
 from agentrl.training.reference import load_reference
 from agentrl.training.routing_replay import routing_strategy
-from agentrl.training.step import TrainingError, TrainingStep
+from agentrl.training.step import MISMATCH_KL, TrainingError, TrainingStep
 
 __all__ = ["Run", "set_up", "resolve_plan", "default_engine_dtype", "rollout_kv_cache_gib", "single_turn_context",
            "is_single_turn"]
@@ -514,5 +514,5 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         pad_id=pad_id if pad_id is not None else policy.tokenizer.eos_token_id, shuffle=shuffle, out=out,
         reference=load_reference(cfg.model, cfg.loss, getattr(torch, cfg.trainer.dtype)))
     G = cfg.guard
-    guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action)
+    guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action, kl_key=MISMATCH_KL)
     return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray)

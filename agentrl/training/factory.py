@@ -30,10 +30,12 @@ def build_backend(trainer: TrainerConfig, optim: OptimConfig, memory: MemoryPlan
     if trainer.workers == 0:
         return SingleProcessBackend(policy, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
                                     gradient_checkpointing=memory.gradient_checkpointing,
-                                    compute_dtype=compute_dtype_of(trainer.compute_dtype), lora=trainer.lora)
+                                    compute_dtype=compute_dtype_of(trainer.compute_dtype), lora=trainer.lora,
+                                    mmap_threshold_kb=trainer.mmap_threshold_kb)
     spec = WorkerSpec(source, dtype=trainer.dtype, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
                       param_dtype=trainer.param_dtype or None, reduce_dtype=trainer.reduce_dtype or None,
                       compute_dtype=trainer.compute_dtype or None,
                       gradient_checkpointing=memory.gradient_checkpointing, use_gpu=trainer.gpus_per_worker > 0,
-                      seed=seed, lora=trainer.lora if trainer.lora.enabled else None)
+                      seed=seed, lora=trainer.lora if trainer.lora.enabled else None,
+                      mmap_threshold_kb=trainer.mmap_threshold_kb)
     return FSDPBackend(spec, trainer.workers, placement)
