@@ -20,6 +20,8 @@ Declared before it ran (issue 31): the pinned threshold stays the default (``tra
 its second-step time is at most 1.10x glibc's default's on every workload; the peak RSS of ``lora360_ckpt`` is
 expected near the plan's 3.4 GiB pinned and near 5.6 GiB at glibc's default (one look; reported whatever it says).
 Run beside the issue 32 experiments on the same 2 cores, so its seconds carry their noise; the arms alternate.
+Cut before any comparison was seen (one default-threshold row of lora360_ckpt had printed): this session runs
+``--rounds 1 --workloads lora360_ckpt full135_main`` for CPU time.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # this checkout's agentrl, then the sibling scripts
 GiB = 2**30
 WORKLOADS = ("lora360_ckpt", "full135_multiturn", "full135_main")
 
@@ -63,7 +65,7 @@ def one(workload: str, threshold_kb: int) -> dict:
         samples, micro = (_samples(len(policy.tokenizer), 2, 256, 768), 2) if workload == "full135_multiturn" \
             else (_samples(len(policy.tokenizer), 32, 45, 64), 32)
     trainable = adapter_parameter_count(policy.model.config, lora) if lora else None
-    tokens = max(len(s.tokens) for s in samples) * micro
+    tokens = max(len(s.input_ids) for s in samples) * micro
     plan = plan_training_memory(policy.model, dtype_bytes=4, token_budget=tokens, longest_sample=tokens,
                                 checkpointing="on" if ckpt else "off", engine_copy=False, limit_bytes=64 * GiB,
                                 trainable_params=trainable)
