@@ -1,4 +1,4 @@
-"""Does pinning glibc's mmap threshold (`trainer.mmap_threshold_kb`) cut the trainer's peak memory, and at what speed?
+"""Does pinning glibc's mmap threshold (`trainer.return_freed_memory`) cut the trainer's peak memory, and at what speed?
 
     python bench/allocator.py                  # every workload, glibc's default vs 1 MiB pinned, 2 rounds interleaved
     python bench/allocator.py --rounds 1 --workloads full135_main     # a quick look
@@ -16,7 +16,7 @@ pinned) so a machine that slows down slows both. Workloads:
 Reports per workload and arm the peak RSS, the median step seconds, and the pinned/default ratios; with each the
 memory plan's estimate of the step. Writes docs/results/allocator.json.
 
-Declared before it ran (issue 31): the pinned threshold stays the default (``trainer.mmap_threshold_kb: 1024``) if
+Declared before it ran (issue 31): the pinned threshold stays the default (then ``trainer.mmap_threshold_kb: 1024``) if
 its second-step time is at most 1.10x glibc's default's on every workload; the peak RSS of ``lora360_ckpt`` is
 expected near the plan's 3.4 GiB pinned and near 5.6 GiB at glibc's default (one look; reported whatever it says).
 Run beside the issue 32 experiments on the same 2 cores, so its seconds carry their noise; the arms alternate.

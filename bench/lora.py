@@ -282,6 +282,7 @@ def fit_one(name: str, rank: int, measure: bool) -> dict:
 
     from agentrl.config import ConfigError, LoraConfig, TrainerConfig
     from agentrl.models import LoadedModel
+    from agentrl.training.allocator import run_threshold_kb
     from agentrl.training.lora import adapter_parameter_count
     from agentrl.training.memory import estimate_train_memory, plan_training_memory
     from agentrl.training.single import SingleProcessBackend
@@ -307,7 +308,8 @@ def fit_one(name: str, rank: int, measure: bool) -> dict:
         return out
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).float()
-    threshold = TrainerConfig().mmap_threshold_kb  # what a run does (rows measured before it existed lack the key)
+    # what a run does (`trainer.return_freed_memory: auto`); rows measured before it existed lack the key
+    threshold = run_threshold_kb(TrainerConfig().return_freed_memory, plan.gradient_checkpointing)
     backend = SingleProcessBackend(LoadedModel(name, model, tok), lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0,
                                    gradient_checkpointing=plan.gradient_checkpointing, lora=lora,
                                    mmap_threshold_kb=threshold)

@@ -1,4 +1,4 @@
-"""`trainer.mmap_threshold_kb`: freed tensors go back to the OS, so resident memory follows the live tensors.
+"""`trainer.return_freed_memory`: freed tensors go back to the OS, so resident memory follows the live tensors.
 
 Each case runs in a fresh interpreter (the C library's allocator state is per process): glibc's threshold is first
 raised the way a training step raises it (a large tensor freed), then 400 MB of 8 MB tensors are made and freed
@@ -59,5 +59,12 @@ def test_pin_is_idempotent_and_zero_leaves_the_default():
 def test_bad_threshold_is_named():
     from agentrl.config import ConfigError, TrainerConfig
 
-    with pytest.raises(ConfigError, match="trainer.mmap_threshold_kb"):
-        TrainerConfig(mmap_threshold_kb=-1)
+    with pytest.raises(ConfigError, match="trainer.return_freed_memory"):
+        TrainerConfig(return_freed_memory="sometimes")
+
+
+def test_auto_pins_exactly_when_the_plan_turns_checkpointing_on():
+    from agentrl.training.allocator import PINNED_THRESHOLD_KB, run_threshold_kb
+
+    assert run_threshold_kb("auto", True) == PINNED_THRESHOLD_KB and run_threshold_kb("auto", False) == 0
+    assert run_threshold_kb("on", False) == PINNED_THRESHOLD_KB and run_threshold_kb("off", True) == 0

@@ -31,6 +31,7 @@ from agentrl.plan import RunPlan
 from agentrl.recipes.stops import claim_sigterm
 from agentrl.rollout.scheduler import RolloutScheduler
 from agentrl.trackers import RunLog, clear_tracker_files
+from agentrl.training.allocator import run_threshold_kb
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.checkpoint import (
     CHECKPOINT,
@@ -338,7 +339,8 @@ def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns
         gradient_checkpointing=memory.gradient_checkpointing, peak_gib=memory.estimate.total / 2**30,
         limit_gib=memory.limit / 2**30,
         ray="none" if not (owns_ray or cfg.ray_address) else (cfg.ray_address or "local"),
-        placement=placement.plan.describe() if placement is not None else "", lora=lora_line, sync_adapters=adapters)
+        placement=placement.plan.describe() if placement is not None else "", lora=lora_line, sync_adapters=adapters,
+        returns_freed_memory=run_threshold_kb(T.return_freed_memory, memory.gradient_checkpointing) > 0)
     return cfg, plan, memory
 
 
