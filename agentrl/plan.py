@@ -44,6 +44,7 @@ class RunPlan:
         placement: the devices reserved for trainer workers and engines, in words (empty: none reserved).
         lora: LoRA adapters and how the engines get them, in words (empty: full fine-tuning).
         sync_adapters: the weight sync ships the adapters alone (else the full weights, merged with LoRA).
+        returns_freed_memory: the trainer pins the C library's mmap threshold (`agentrl.training.allocator`).
     """
 
     engine: str
@@ -65,6 +66,7 @@ class RunPlan:
     placement: str
     lora: str = ""
     sync_adapters: bool = False
+    returns_freed_memory: bool = False
 
     def rows(self) -> list[tuple[str, str]]:
         """The plan as (what, choice and why) rows, for the start-of-run table."""
@@ -77,7 +79,8 @@ class RunPlan:
             ("kv cache", f"{self.kv_cache_gib:.2f} GiB per engine for {self.context_tokens} tokens{why(self.kv_note)}"),
             ("trainer", f"{trainer}, {self.dtype}"),
             ("memory", f"peak ~{self.peak_gib:.1f} GiB {limit}; gradient checkpointing "
-                       f"{'on' if self.gradient_checkpointing else 'off'}"),
+                       f"{'on' if self.gradient_checkpointing else 'off'}"
+                       + ("; freed memory back to the OS at once" if self.returns_freed_memory else "")),
             ("ray", self.ray + (f"; reserved: {self.placement}" if self.placement else "")),
         ] + ([("lora", self.lora)] if self.lora else [])
 

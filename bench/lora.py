@@ -280,8 +280,9 @@ def fit_one(name: str, rank: int, measure: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentrl.config import ConfigError, LoraConfig
+    from agentrl.config import ConfigError, LoraConfig, TrainerConfig
     from agentrl.models import LoadedModel
+    from agentrl.training.allocator import run_threshold_kb
     from agentrl.training.lora import adapter_parameter_count
     from agentrl.training.memory import estimate_train_memory, plan_training_memory
     from agentrl.training.single import SingleProcessBackend
@@ -307,8 +308,11 @@ def fit_one(name: str, rank: int, measure: bool) -> dict:
         return out
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).float()
+    # what a run does (`trainer.return_freed_memory: auto`); rows measured before it existed lack the key
+    threshold = run_threshold_kb(TrainerConfig().return_freed_memory, plan.gradient_checkpointing)
     backend = SingleProcessBackend(LoadedModel(name, model, tok), lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0,
-                                   gradient_checkpointing=plan.gradient_checkpointing, lora=lora)
+                                   gradient_checkpointing=plan.gradient_checkpointing, lora=lora,
+                                   mmap_threshold_kb=threshold)
     samples = _samples(len(tok), 2, 256, FIT_SEQ - 256)
     from agentrl.training.backend import ScoreRequest
     from agentrl.training.microbatch import collate
@@ -318,7 +322,7 @@ def fit_one(name: str, rank: int, measure: bool) -> dict:
         backend.score([ScoreRequest(collate(samples, 0))])
         _train_step(backend, samples, 2)
         seconds = time.perf_counter() - t0
-    return out | {"measured_peak_gib": peak.peak / GiB, "step_seconds": seconds,
+    return out | {"measured_peak_gib": peak.peak / GiB, "step_seconds": seconds, "mmap_threshold_kb": threshold,
                   "ru_maxrss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB}
 
 

@@ -81,7 +81,7 @@ def run_arm(arm: str, args: argparse.Namespace, runs: Path, log: Path) -> dict:
         if not (run / "eval" / "results.json").exists() and not args.no_eval:
             walls["eval_rc"], walls["eval_s"] = _sh(agentrl + [
                 "eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes", str(args.episodes),
-                "--engine", "hf", "--output", str(run / "eval"), "--overwrite"], log)
+                "--engine", "hf", "--output", str(run / "eval")], log)
             walls_file.write_text(json.dumps(walls))
         if (run / "eval" / "results.json").exists():
             res = json.loads((run / "eval" / "results.json").read_text())

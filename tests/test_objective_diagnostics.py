@@ -81,3 +81,44 @@ def test_guard_verdict_says_whether_this_step_is_healthy():
     assert bad.ok and not bad.healthy and bad.last_good_step == 0  # within patience, but not checkpoint material
     tripped = guard.update({"entropy": 0.1})
     assert not tripped.ok and tripped.last_good_step == 0 and "roll back to step 0" in tripped.reason
+
+
+def test_guard_skips_an_unmeasured_kl_and_keeps_its_streak():
+    # sync_every 4: the mismatch is measured on fresh samples only, every fourth step; the other steps carry None.
+    # A mismatch that reads bad at each measurement must still trip the guard after `patience` readings.
+    guard = CollapseGuard(entropy_min=0.05, k3_max=0.01, patience=2, action="stop", kl_key="mismatch_kl_k3")
+    row = {"entropy": 1.0}
+    assert guard.update(row | {"mismatch_kl_k3": 0.05}).bad_streak == 1
+    unmeasured = guard.update(row | {"mismatch_kl_k3": None})
+    assert unmeasured.ok and unmeasured.healthy and unmeasured.last_good_step == 1  # entropy alone judged it
+    tripped = guard.update(row | {"mismatch_kl_k3": 0.02})
+    assert not tripped.ok and tripped.bad_streak == 2 and "for 2 consecutive readings" in tripped.reason
+    # A good reading ends the KL streak; NaN still counts as bad (a diverged pass is not "unmeasured").
+    guard = CollapseGuard(k3_max=0.01, patience=2, kl_key="mismatch_kl_k3")
+    assert [guard.update(row | {"mismatch_kl_k3": v}).ok for v in (0.05, 0.001, 0.05, None, 0.001)] == [True] * 5
+    nan = guard.update(row | {"mismatch_kl_k3": float("nan")})
+    assert nan.ok and not nan.healthy and nan.bad_streak == 1
+    with pytest.raises(ValueError, match="'entropy' is None"):
+        CollapseGuard().update({"entropy": None, "kl_k3": 0.0})
+
+
+def test_entropy_and_kl_streaks_are_counted_apart():
+    guard = CollapseGuard(entropy_min=0.5, k3_max=0.01, patience=2)
+    assert guard.update({"entropy": 0.1, "kl_k3": 0.001}).bad_streak == 1
+    # entropy recovers as the KL goes bad: each signal has one bad reading, nothing trips
+    both = guard.update({"entropy": 1.0, "kl_k3": 0.5})
+    assert both.ok and both.bad_streak == 1
+    assert not guard.update({"entropy": 1.0, "kl_k3": 0.5}).ok
+
+
+def test_mismatch_reads_the_fresh_micro_batches_alone():
+    from agentrl.training.backend import LossResult
+    from agentrl.training.step import UpdateResult
+
+    results = [LossResult({"kl_k1": 0.2, "kl_k3": 0.1}, 10.0), LossResult({"kl_k1": 0.9, "kl_k3": 0.5}, 10.0),
+               LossResult({"kl_k1": 0.4, "kl_k3": 0.3}, 30.0)]
+    mixed = UpdateResult(results, [1.0], 0, [True, False, True])
+    # token-weighted over the fresh two: k3 (10 x 0.1 + 30 x 0.3) / 40 = 0.25, k1 (2 + 12) / 40 = 0.35
+    assert mixed.mismatch() == pytest.approx({"mismatch_kl_k1": 0.35, "mismatch_kl_k3": 0.25, "mismatch_tokens": 40})
+    stale = UpdateResult(results, [1.0], 0, [False, False, False])
+    assert stale.mismatch() == {"mismatch_kl_k1": None, "mismatch_kl_k3": None, "mismatch_tokens": None}

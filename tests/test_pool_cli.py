@@ -39,6 +39,10 @@ def test_async_run_stays_within_max_staleness(tmp_path):
     rows = _run(tmp_path / "async", "--async", "--max-staleness", "1")
     assert all(r["staleness_max"] <= 1 for r in rows)
     assert rows[0]["staleness_max"] == 0  # step 0's rollout can only have used the initial weights
+    # The guard's mismatch KL covers the fresh samples trained on: all of step 0's, none of a step whose samples
+    # are all old (fresh samples without advantage are not trained on either, so a mixed step may have none).
+    assert rows[0]["mismatch_kl_k3"] == pytest.approx(rows[0]["kl_k3"])
+    assert all(r["mismatch_kl_k3"] is None for r in rows if r["staleness_mean"] == 1)
 
 
 @pytest.mark.slow  # ~30 s; the same staleness pattern is checked in-process by test_sync_every_k_bounds_staleness
@@ -47,3 +51,4 @@ def test_sync_every_two_refreshes_weights_every_other_step(tmp_path):
     # Weights sync at steps 0 and 2: step 1 trains on samples one version old, the others on fresh ones.
     assert [r["staleness_max"] for r in rows] == [0, 1, 0]
     assert [r["staleness_mean"] for r in rows] == [0, 1, 0]
+    assert [r["mismatch_kl_k3"] is None for r in rows] == [False, True, False]

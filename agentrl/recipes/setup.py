@@ -31,6 +31,7 @@ from agentrl.plan import RunPlan
 from agentrl.recipes.stops import claim_sigterm
 from agentrl.rollout.scheduler import RolloutScheduler
 from agentrl.trackers import RunLog, clear_tracker_files
+from agentrl.training.allocator import run_threshold_kb
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.checkpoint import (
     CHECKPOINT,
@@ -45,7 +46,7 @@ from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_trainin
 from agentrl.training.placement import RESOURCE_SHARE, Placement, PlacementPlan, check_node_resources
 from agentrl.training.reference import load_reference
 from agentrl.training.routing_replay import routing_strategy
-from agentrl.training.step import TrainingError, TrainingStep
+from agentrl.training.step import MISMATCH_KL, TrainingError, TrainingStep
 
 __all__ = ["Run", "set_up", "resolve_plan", "default_engine_dtype", "rollout_kv_cache_gib", "single_turn_context",
            "is_single_turn"]
@@ -338,7 +339,8 @@ def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns
         gradient_checkpointing=memory.gradient_checkpointing, peak_gib=memory.estimate.total / 2**30,
         limit_gib=memory.limit / 2**30,
         ray="none" if not (owns_ray or cfg.ray_address) else (cfg.ray_address or "local"),
-        placement=placement.plan.describe() if placement is not None else "", lora=lora_line, sync_adapters=adapters)
+        placement=placement.plan.describe() if placement is not None else "", lora=lora_line, sync_adapters=adapters,
+        returns_freed_memory=run_threshold_kb(T.return_freed_memory, memory.gradient_checkpointing) > 0)
     return cfg, plan, memory
 
 
@@ -514,5 +516,5 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         pad_id=pad_id if pad_id is not None else policy.tokenizer.eos_token_id, shuffle=shuffle, out=out,
         reference=load_reference(cfg.model, cfg.loss, getattr(torch, cfg.trainer.dtype)))
     G = cfg.guard
-    guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action)
+    guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action, kl_key=MISMATCH_KL)
     return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray)

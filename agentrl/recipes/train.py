@@ -238,7 +238,7 @@ def step_metrics(run: Run, step: int, trajectories: list[Trajectory], batch: Ste
         "step": step, **rollout_metrics(trajectories, batch.rewards),
         # Without a pi_old pass, the update pass's entropy (pi_theta = pi_old in the first mini-batch).
         "entropy": old.entropy if old.entropy is not None else losses["policy_entropy"],
-        **losses, **batch.metrics,
+        **losses, **update.mismatch(), **batch.metrics,
         "grad_norm": sum(update.grad_norms) / len(update.grad_norms) if update.grad_norms else float("nan"),
         "samples": len(batch.samples), "samples_without_gradient": update.skipped,
         "micro_batches": len(old.micro_batches), "update_micro_batches": len(update.results), "update_skipped": 0.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agentrl.config import OptimConfig, TrainerConfig
 from agentrl.models import LoadedModel
+from agentrl.training.allocator import run_threshold_kb
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
 from agentrl.training.logprobs import compute_dtype_of
@@ -27,13 +28,16 @@ def build_backend(trainer: TrainerConfig, optim: OptimConfig, memory: MemoryPlan
         placement: the devices reserved for the workers (None: none reserved).
         seed: seeds the workers.
     """
+    threshold = run_threshold_kb(trainer.return_freed_memory, memory.gradient_checkpointing)
     if trainer.workers == 0:
         return SingleProcessBackend(policy, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
                                     gradient_checkpointing=memory.gradient_checkpointing,
-                                    compute_dtype=compute_dtype_of(trainer.compute_dtype), lora=trainer.lora)
+                                    compute_dtype=compute_dtype_of(trainer.compute_dtype), lora=trainer.lora,
+                                    mmap_threshold_kb=threshold)
     spec = WorkerSpec(source, dtype=trainer.dtype, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
                       param_dtype=trainer.param_dtype or None, reduce_dtype=trainer.reduce_dtype or None,
                       compute_dtype=trainer.compute_dtype or None,
                       gradient_checkpointing=memory.gradient_checkpointing, use_gpu=trainer.gpus_per_worker > 0,
-                      seed=seed, lora=trainer.lora if trainer.lora.enabled else None)
+                      seed=seed, lora=trainer.lora if trainer.lora.enabled else None,
+                      mmap_threshold_kb=threshold)
     return FSDPBackend(spec, trainer.workers, placement)

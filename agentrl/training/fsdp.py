@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from agentrl.training.allocator import pin_mmap_threshold
 from agentrl.training.backend import (
     LossResult,
     Objective,
@@ -78,6 +79,8 @@ class WorkerSpec:
         collective_timeout_s: how long a collective may wait for a peer before the worker gives up.
         lora: LoRA settings (`agentrl.config.LoraConfig`): adapters are injected before sharding and only they train;
             None trains every weight.
+        mmap_threshold_kb: pin the C library's mmap threshold in each worker (`agentrl.training.allocator`; 0 =
+            leave it).
     """
 
     model: str
@@ -93,6 +96,7 @@ class WorkerSpec:
     seed: int = 0
     collective_timeout_s: float = 600.0
     lora: Any = None
+    mmap_threshold_kb: int = 0
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -190,6 +194,7 @@ class TrainerWorker:
         from agentrl.training.single import MicroBatchPasses, build_optimizer, moe_router
 
         spec = self.spec
+        pin_mmap_threshold(spec.mmap_threshold_kb * 1024)
         self.device = torch.device("cuda", 0) if spec.use_gpu else torch.device("cpu")  # Ray sets the visible GPU
         if spec.use_gpu:
             torch.cuda.set_device(self.device)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from agentrl.training.allocator import pin_mmap_threshold
 from agentrl.training.backend import LossResult, Objective, Scored, ScoreRequest, UpdateRequest
 from agentrl.training.checkpoint import save_safetensors
 from agentrl.training.logprobs import token_logprobs
@@ -124,6 +125,8 @@ class SingleProcessBackend:
             gradients and AdamW state stay in the model's dtype.
         lora: LoRA settings (`agentrl.config.LoraConfig`); enabled, adapters are injected into `policy.model` in
             place (so an engine built from it afterwards carries them too) and only they train.
+        mmap_threshold_kb: pin the C library's mmap threshold for this process (`agentrl.training.allocator`; 0 =
+            leave it), before the first step.
     """
 
     name = "single"
@@ -131,7 +134,9 @@ class SingleProcessBackend:
     trains_in_place = True
 
     def __init__(self, policy, *, lr: float, betas: tuple[float, float], weight_decay: float,
-                 gradient_checkpointing: bool = False, compute_dtype: torch.dtype | None = None, lora=None):
+                 gradient_checkpointing: bool = False, compute_dtype: torch.dtype | None = None, lora=None,
+                 mmap_threshold_kb: int = 0):
+        pin_mmap_threshold(mmap_threshold_kb * 1024)
         self.policy = policy
         self.model = policy.model
         self.lora = lora if lora is not None and lora.enabled else None

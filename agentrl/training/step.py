@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,12 +40,17 @@ from agentrl.objective import (
 from agentrl.records import Sample, Trajectory
 from agentrl.training.backend import LossResult, PolicyObjective, TrainingBackend
 from agentrl.training.logprobs import compute_dtype_of, token_logprobs
+from agentrl.training.metrics import weighted_mean
 from agentrl.training.microbatch import collate, pack_by_tokens
 from agentrl.training.reference import ReferencePolicy
 from agentrl.training.routing_replay import DenseRouting
 
 __all__ = ["TrainingStep", "StepSamples", "OldPolicy", "UpdateResult", "TrainingError", "build_loss_options",
-           "choose_old_policy", "as_trained", "carries_gradient", "gradient_members"]
+           "choose_old_policy", "as_trained", "carries_gradient", "gradient_members", "MISMATCH_KL", "MISMATCH_KEYS"]
+
+MISMATCH_KL = "mismatch_kl_k3"
+"""The metric the collapse guard reads: KL(mu || pi_old), k3, over the samples drawn with the current weights."""
+MISMATCH_KEYS = ("mismatch_kl_k1", MISMATCH_KL, "mismatch_tokens")
 
 
 class TrainingError(RuntimeError):
@@ -86,11 +91,28 @@ class OldPolicy:
 
 @dataclass(frozen=True)
 class UpdateResult:
-    """What step 5 did: each micro-batch's loss result, each optimizer step's gradient norm, the samples skipped."""
+    """What step 5 did.
+
+    Each micro-batch's loss result, each optimizer step's gradient norm, the samples skipped, and which micro-batches
+    held only samples drawn with the weights being trained (`fresh`, parallel to `results`).
+    """
 
     results: list[LossResult]
     grad_norms: list[float]
     skipped: int
+    fresh: list[bool] = field(default_factory=list)
+
+    def mismatch(self) -> dict[str, float | None]:
+        """KL(mu || pi_old) over the fresh samples alone (None when the step trained on no fresh sample).
+
+        The training-inference mismatch without the staleness that older samples add: the collapse guard reads it.
+        """
+        fresh = [r for r, f in zip(self.results, self.fresh) if f]
+        if not fresh:
+            return dict.fromkeys(MISMATCH_KEYS)
+        means = weighted_mean(fresh)
+        return {f"mismatch_{k}": means[k] for k in ("kl_k1", "kl_k3")} | {
+            "mismatch_tokens": float(sum(r.loss_tokens for r in fresh))}
 
 
 def build_loss_options(loss: LossConfig, per_turn_budget: int) -> LossOptions:
@@ -337,6 +359,7 @@ class TrainingStep:
         """
         results: list[LossResult] = []
         grad_norms: list[float] = []
+        fresh: list[bool] = []
         skipped = 0
         opts = self.objective
         exact_skip = opts.kl_coef == 0 and opts.entropy_coef == 0
@@ -350,7 +373,12 @@ class TrainingStep:
                                         entropy_grad=opts.entropy_coef > 0)
             trained = gradient_members(samples, members) if exact_skip else members
             skipped += len(members) - len(trained)
-            chunks = self.micro_batches(samples, trained)
+            # Fresh and older samples in micro-batches of their own, so the mismatch KL can be read apart from the
+            # staleness (the gradient is the same sum; on-policy there is one kind and the packing is unchanged).
+            fresh_now = [i for i in trained if samples[i].policy_version == step]
+            older = [i for i in trained if samples[i].policy_version != step]
+            chunks = self.micro_batches(samples, fresh_now) + self.micro_batches(samples, older)
+            fresh += [samples[idx[0]].policy_version == step for idx in chunks]
             requests = [self._update_request(samples, idx, old, ref_logp) for idx in chunks]
             done = self.backend.accumulate(requests, objective)
             for idx, request, result in zip(chunks, requests, done):
@@ -364,7 +392,7 @@ class TrainingStep:
             norm = self.backend.step(self.optim.grad_clip)
             if math.isfinite(norm):
                 grad_norms.append(norm)
-        return UpdateResult(results, grad_norms, skipped)
+        return UpdateResult(results, grad_norms, skipped, fresh)
 
     def _update_request(self, samples: list[Sample], idx: list[int], old: OldPolicy,
                         ref_logp: dict[int, torch.Tensor]):
