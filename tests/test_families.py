@@ -301,3 +301,19 @@ def test_kimi_instruct_declares_its_own_default_system_prompt(qwen3_tokenizer):
     assert text.startswith("<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>")
     assert get_family("kimi-k2-thinking").render([{"role": "user", "content": "hi"}]).startswith(
         "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-2507-thinking"])
+def test_blank_content_before_a_tool_call_after_thinking_keeps_the_prefix(qwen3_tokenizer, family):
+    # Found by the property test above: content "\n" renders as '</think>\n\n' + '' + '\n<tool_call>'. Read back as
+    # "" the next render drops that newline and the prefix breaks; read as "\n" it extends the prompt as written.
+    from agentrl.chat.parsers import parse_qwen3
+
+    f = get_family(family)
+    history = [{"role": "user", "content": "Find the capital of France."}]
+    written = f.write_reply(history, "a", "\n", [ToolCall("search", {"q": "a"})], tools=TOOLS, strftime_now=CLOCK)
+    parsed = parse_qwen3("", written)
+    assert parsed.message["content"] == "\n" and parsed.message["reasoning_content"] == "a"
+    prompt = official(family, history, tools=TOOLS, add_generation_prompt=True)
+    after = official(family, [*history, parsed.message, {"role": "tool", "content": "result 0"}], tools=TOOLS)
+    assert after.startswith(prompt + written)

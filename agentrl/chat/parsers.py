@@ -114,10 +114,17 @@ def _qwen_calls(text: str) -> tuple[str, tuple[ToolCall, ...]] | None:
 def parse_qwen3(prefill: str, reply: str) -> ParsedReply:
     """Qwen3 (and 2507): reasoning and tool calls become ``reasoning_content`` and ``tool_calls``."""
     reasoning, rest = split_reasoning(prefill + reply)
+    # After '</think>\n\n' the template writes content.lstrip('\n'), then '\n' before the first call if the content
+    # is non-empty: a third newline before the call means blank content ('\n'), which re-renders as written; read
+    # as '' it would lose that newline and the next prompt would no longer extend this one.
+    blank_before_calls = reasoning is not None and rest.startswith("\n\n\n") and rest.lstrip("\n").startswith(
+        "<tool_call>")
     if reasoning is not None:
         reasoning, rest = reasoning.strip("\n"), rest.lstrip("\n")
     parsed = _qwen_calls(rest)
     content, calls = parsed if parsed else (rest, ())
+    if calls and blank_before_calls and not content:
+        content = "\n"
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
