@@ -58,8 +58,10 @@ def pin_mmap_threshold(threshold_bytes: int) -> bool:
     from ``trainer.return_freed_memory``), before the first step, so the step's temporaries are mapped from the start.
     """
     global _pinned
-    if threshold_bytes <= 0 or _pinned == threshold_bytes:
-        return _pinned == threshold_bytes and threshold_bytes > 0
+    if threshold_bytes <= 0:
+        return False
+    if _pinned == threshold_bytes:
+        return True
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
