@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_multiturn import ROOT, eval_command, run_phase  # noqa: E402  (a sibling script, not a package)
+from learn_multiturn import ROOT, eval_command, run_phase, sft_once  # noqa: E402  (a sibling script, not a package)
 
 ARMS = {"gigpo": [], "grpo": ["--advantage.name", "grpo"]}
 PER_STEP = ("success_rate", "reward_mean", "entropy", "grad_norm", "samples", "samples_without_gradient",
@@ -57,10 +57,8 @@ def main() -> None:
     report: dict = {"command": "python bench/gigpo_vs_grpo.py " + " ".join(sys.argv[1:]), "args": vars(args),
                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}, "per_step": {}}
     sft_dir = work / "sft"
-    if not (sft_dir / "checkpoint").is_dir():
-        (work / "sft.yaml").write_text(yaml.safe_dump(sft_cfg | {"output": str(sft_dir), "eval_episodes": 0}))
-        report["phases"]["sft"] = run_phase("sft", ["sft", "--config", str(work / "sft.yaml"), "--overwrite"],
-                                            3600, work / "sft.log")
+    if sft := sft_once(args.env, work):
+        report["phases"]["sft"] = sft
     (work / "rl.yaml").write_text(yaml.safe_dump(rl_cfg | {"model": str(sft_dir / "checkpoint")}))
     common = [*eval_command(sft_cfg, rl_cfg, args.episodes, args.engine, args.engine_dtype),
               "--seed-offset", str(args.seed_offset)]

@@ -76,6 +76,19 @@ def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
     return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb": peak, "log": str(log)}
 
 
+def sft_once(env_id: str, work: Path) -> dict | None:
+    """Train ``configs/<env>-sft.yaml`` into ``<work>/sft`` unless its checkpoint is there; the phase's record or None.
+
+    Studies that compare RL arms from one warm start call this first, so a re-run after a crash reuses the checkpoint.
+    """
+    sft_dir = work / "sft"
+    if (sft_dir / "checkpoint").is_dir():
+        return None
+    sft_cfg = yaml.safe_load((ROOT / "configs" / f"{env_id}-sft.yaml").read_text())
+    (work / "sft.yaml").write_text(yaml.safe_dump(sft_cfg | {"output": str(sft_dir), "eval_episodes": 0}))
+    return run_phase("sft", ["sft", "--config", str(work / "sft.yaml"), "--overwrite"], 3600, work / "sft.log")
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 

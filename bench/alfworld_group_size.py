@@ -1,0 +1,171 @@
+"""Groups of 8 against groups of 4 at the same 16 episodes per step, on ALFWorld (issue 32 item 4, amendment 8).
+
+    python bench/alfworld_group_size.py                                               # the declared run
+    python bench/alfworld_group_size.py --steps 1 --episodes 4 --work runs/alfworld_gs_smoke         # a smoke test
+
+The diagnosis in docs/results.md ("ALFWorld: why RL gains little") says RL learns little here because few groups
+mix: a group of n episodes carries advantage only if some but not all of them succeed, which for a task solved with
+probability p happens with probability 1 - p^n - (1-p)^n, and GiGPO's step groups cannot help a group that never
+succeeded (every return is 0). Larger groups mix more often for rarely solved tasks. This script tests that at equal
+cost, from one SFT checkpoint (``configs/alfworld-sft.yaml``, trained once into ``<work>/sft``):
+
+- ``g4``: the recipe, ``configs/alfworld-rl.yaml``: 4 tasks x 4 episodes per step;
+- ``g8``: the same recipe with 2 tasks x 8 episodes per step;
+
+the same run seed, steps and engine. The SFT checkpoint and both RL checkpoints are evaluated on the same held-out
+tasks (``--seed-offset``, seeds no earlier ALFWorld eval used), the model's official sampling settings, sampler seed
+0. Reported: the paired bootstrap 95% interval of g8 - g4 success (the declared test), each arm minus SFT, per arm
+the share of mixed groups and of trained episodes, and mixed share and success by the expert's plan length (the bins
+of bench/alfworld_task_difficulty.py). Writes docs/results/alfworld_group_size.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alfworld_task_difficulty import _bin, expert_lengths, run_groups  # noqa: E402  (sibling scripts)
+from learn_multiturn import ROOT, eval_command, run_phase, sft_once  # noqa: E402
+
+ARMS = {"g8": ["--scheduler.prompts-per-step", "2", "--scheduler.group-size", "8"],
+        "g4": ["--scheduler.prompts-per-step", "4", "--scheduler.group-size", "4"]}
+PER_STEP = ("success_rate", "reward_mean", "entropy", "grad_norm", "samples", "samples_without_gradient",
+            "turns_mean", "step_seconds")
+
+
+def main() -> None:
+    from agentrl.passk import bootstrap_pass_at_k_difference, task_counts
+    from agentrl.recipes.evaluate import load_results
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--episodes", type=int, default=192, help="held-out tasks, fixed before the run")
+    parser.add_argument("--seed-offset", type=int, default=3_000_000, help="first held-out task seed")
+    parser.add_argument("--engine", default="vllm")
+    parser.add_argument("--engine-dtype", default="bfloat16")
+    parser.add_argument("--rl-seconds", type=float, default=3600)
+    parser.add_argument("--work", default="")
+    parser.add_argument("--results", default="")
+    args = parser.parse_args()
+    work = Path(args.work or ROOT / "runs" / "alfworld_group_size").resolve()
+    results = Path(args.results or ROOT / "docs" / "results" / "alfworld_group_size.json")
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {"command": "python bench/alfworld_group_size.py " + " ".join(sys.argv[1:]), "args": vars(args),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}, "per_step": {}}
+
+    def save() -> None:
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps(report, indent=1))
+
+    if sft := sft_once("alfworld", work):
+        report["phases"]["sft"] = sft
+    sft_cfg = yaml.safe_load((ROOT / "configs" / "alfworld-sft.yaml").read_text())
+    rl_cfg = yaml.safe_load((ROOT / "configs" / "alfworld-rl.yaml").read_text())
+    (work / "rl.yaml").write_text(yaml.safe_dump(rl_cfg | {"model": str(work / "sft" / "checkpoint")}))
+    for arm, flags in ARMS.items():
+        run = work / arm
+        if not (run / "checkpoint").is_dir():
+            report["phases"][f"rl_{arm}"] = run_phase(
+                f"rl {arm}", ["run", "--config", str(work / "rl.yaml"), "--steps", str(args.steps), "--seed",
+                              str(args.seed), "--engine", args.engine, "--engine-dtype", args.engine_dtype, *flags,
+                              "--output", str(run), "--overwrite"], args.rl_seconds, work / f"rl_{arm}.log")
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
+            if (run / "metrics.jsonl").exists() else []
+        report["per_step"][arm] = {k: [r.get(k) for r in rows] for k in PER_STEP}
+        save()
+
+    common = [*eval_command(sft_cfg, rl_cfg, args.episodes, args.engine, args.engine_dtype),
+              "--seed-offset", str(args.seed_offset)]
+    models = {"sft": work / "sft" / "checkpoint", **{arm: work / arm / "checkpoint" for arm in ARMS}}
+    evals = {}
+    for name, model in models.items():
+        if not (work / f"eval_{name}" / "results.json").exists():
+            report["phases"][f"eval_{name}"] = run_phase(
+                f"eval {name}", [*common, "--model", str(model), "--output", str(work / f"eval_{name}")],
+                3600, work / f"eval_{name}.log")
+        evals[name] = load_results(work / f"eval_{name}")
+        save()
+    seeds = {name: [e["seed"] for e in ev["episodes"]] for name, ev in evals.items()}
+    if len({tuple(s) for s in seeds.values()}) != 1:
+        sys.exit("the evaluations played different tasks: no paired comparison possible")
+
+    report["success"] = {name: ev["overall"]["success_rate"] for name, ev in evals.items()}
+    counts = {name: task_counts(ev["episodes"]) for name, ev in evals.items()}
+    report["paired_success_difference"] = {}
+    for a, b in (("g8", "g4"), ("g4", "sft"), ("g8", "sft")):
+        d = bootstrap_pass_at_k_difference(counts[a], counts[b], 1, paired=True)
+        report["paired_success_difference"][f"{a}-{b}"] = d.to_dict() | {"significant": d.excludes_zero}
+
+    # Where the groups mixed: the train tasks' expert plan lengths, then each arm's groups by plan-length bin.
+    task_types, offset = rl_cfg["env"]["kwargs"]["task_types"], rl_cfg["env"]["seed_offset"]
+    train_lengths = expert_lengths("train", range(offset, offset + 4 * args.steps), task_types)
+    report["train_groups"] = {}
+    for arm in ARMS:
+        if (work / arm / "trajectories.jsonl").exists():
+            table = run_groups(work / arm, train_lengths)
+            groups, mixed = sum(c["groups"] for c in table.values()), sum(c["mixed"] for c in table.values())
+            samples = sum(x or 0 for x in report["per_step"][arm]["samples"])
+            skipped = sum(x or 0 for x in report["per_step"][arm]["samples_without_gradient"])
+            report["train_groups"][arm] = {"groups": groups, "mixed": mixed, "mixed_share": mixed / max(groups, 1),
+                                           "samples": samples, "samples_trained": samples - skipped,
+                                           "by_plan_length": table}
+    # Held-out success by the expert's plan length (from the eval's own seeds, the env's eval split).
+    test_lengths = expert_lengths("valid_unseen", range(args.seed_offset, args.seed_offset + args.episodes),
+                                  task_types)
+    by_bin: dict = {}
+    for name, ev in evals.items():
+        for e in ev["episodes"]:
+            cell = by_bin.setdefault(_bin(test_lengths[e["seed"]]), {}).setdefault(name, [0, 0])
+            cell[0] += bool(e.get("success"))
+            cell[1] += 1
+    report["heldout_success_by_plan_length"] = dict(sorted(by_bin.items()))
+    report["work"] = str(work.relative_to(ROOT)) if work.is_relative_to(ROOT) else work.name
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    save()
+    plot(report, results.with_suffix(".png"))
+    print(json.dumps({k: report[k] for k in ("success", "paired_success_difference")}, indent=1))
+    print(json.dumps({arm: {k: v for k, v in g.items() if k != "by_plan_length"}
+                      for arm, g in report["train_groups"].items()}, indent=1))
+
+
+def plot(report: dict, path: Path) -> None:
+    """Train success and trained episodes per step of both arms; held-out success by plan length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for arm, rows in report["per_step"].items():
+        steps = range(len(rows["success_rate"]))
+        axes[0].plot(steps, rows["success_rate"], marker="o", ms=3, label=arm)
+        trained = [(s or 0) - (k or 0) for s, k in zip(rows["samples"], rows["samples_without_gradient"])]
+        axes[1].plot(steps, trained, marker="o", ms=3, label=arm)
+    axes[0].set(xlabel="step", title="train success")
+    axes[1].set(xlabel="step", title="samples with a gradient")
+    bins = list(report["heldout_success_by_plan_length"])
+    names = list(report["success"])
+    for i, name in enumerate(names):
+        rates = [report["heldout_success_by_plan_length"][b].get(name, [0, 1]) for b in bins]
+        axes[2].bar([j + 0.27 * (i - 1) for j in range(len(bins))], [s / max(n, 1) for s, n in rates], 0.27,
+                    label=name)
+    axes[2].set_xticks(range(len(bins)), [f"{b}\n(n={report['heldout_success_by_plan_length'][b]['sft'][1]})"
+                                          for b in bins])
+    axes[2].set(xlabel="expert plan length (steps)", title="held-out success")
+    for ax in axes:
+        ax.legend()
+    fig.suptitle(f"ALFWorld: groups of 8 vs 4 at 16 episodes per step, from one SFT checkpoint, "
+                 f"seed {report['args']['seed']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
