@@ -59,7 +59,11 @@ def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
     limited = False
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                                cwd=ROOT, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
+                                cwd=ROOT, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"},
+                                # A shell that starts this script in the background ignores SIGINT, the child
+                                # inherits that, and Python then installs no Ctrl-C handler: the limit's SIGINT
+                                # would be lost (it was, in issue 32's amendment 10).
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         watched = psutil.Process(proc.pid)
         while proc.poll() is None:
             peak = max(peak, _tree_rss_mb(watched))
