@@ -125,7 +125,7 @@ def main() -> None:
             cell = by_bin.setdefault(_bin(test_lengths[e["seed"]]), {}).setdefault(name, [0, 0])
             cell[0] += bool(e.get("success"))
             cell[1] += 1
-    report["heldout_success_by_plan_length"] = dict(sorted(by_bin.items()))
+    report["heldout_success_by_plan_length"] = {b: by_bin[b] for b in sorted(by_bin, key=_bin_order)}
     report["work"] = str(work.relative_to(ROOT)) if work.is_relative_to(ROOT) else work.name
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     save()
@@ -133,6 +133,12 @@ def main() -> None:
     print(json.dumps({k: report[k] for k in ("success", "paired_success_difference")}, indent=1))
     print(json.dumps({arm: {k: v for k, v in g.items() if k != "by_plan_length"}
                       for arm, g in report["train_groups"].items()}, indent=1))
+
+
+
+def _bin_order(name: str) -> int:
+    """Plan-length bins in order of length ("1-5" before "10-15"; "unsolved" last)."""
+    return int(name.split("-")[0]) if name[0].isdigit() else 99
 
 
 def plot(report: dict, path: Path) -> None:
@@ -150,7 +156,7 @@ def plot(report: dict, path: Path) -> None:
         axes[1].plot(steps, trained, marker="o", ms=3, label=arm)
     axes[0].set(xlabel="step", title="train success")
     axes[1].set(xlabel="step", title="samples with a gradient")
-    bins = list(report["heldout_success_by_plan_length"])
+    bins = sorted(report["heldout_success_by_plan_length"], key=_bin_order)
     names = list(report["success"])
     for i, name in enumerate(names):
         rates = [report["heldout_success_by_plan_length"][b].get(name, [0, 1]) for b in bins]
