@@ -31,28 +31,17 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from alfworld_task_difficulty import _bin, expert_lengths, run_groups  # noqa: E402  (sibling scripts)
-from learn_multiturn import ROOT, eval_command, run_phase, sft_once  # noqa: E402
+from learn_multiturn import ROOT, add_arm_study_arguments, eval_command, evaluate_arm, sft_once, train_arm  # noqa: E402
 
 ARMS = {"g8": ["--scheduler.prompts-per-step", "2", "--scheduler.group-size", "8"],
         "g4": ["--scheduler.prompts-per-step", "4", "--scheduler.group-size", "4"]}
-PER_STEP = ("success_rate", "reward_mean", "entropy", "grad_norm", "samples", "samples_without_gradient",
-            "turns_mean", "step_seconds")
 
 
 def main() -> None:
     from agentrl.passk import bootstrap_pass_at_k_difference, task_counts
-    from agentrl.recipes.evaluate import load_results
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--episodes", type=int, default=192, help="held-out tasks, fixed before the run")
-    parser.add_argument("--seed-offset", type=int, default=3_000_000, help="first held-out task seed")
-    parser.add_argument("--engine", default="vllm")
-    parser.add_argument("--engine-dtype", default="bfloat16")
-    parser.add_argument("--rl-seconds", type=float, default=3600)
-    parser.add_argument("--work", default="")
-    parser.add_argument("--results", default="")
+    add_arm_study_arguments(parser)
     args = parser.parse_args()
     work = Path(args.work or ROOT / "runs" / "alfworld_group_size").resolve()
     results = Path(args.results or ROOT / "docs" / "results" / "alfworld_group_size.json")
@@ -70,15 +59,7 @@ def main() -> None:
     rl_cfg = yaml.safe_load((ROOT / "configs" / "alfworld-rl.yaml").read_text())
     (work / "rl.yaml").write_text(yaml.safe_dump(rl_cfg | {"model": str(work / "sft" / "checkpoint")}))
     for arm, flags in ARMS.items():
-        run = work / arm
-        if not (run / "checkpoint").is_dir():
-            report["phases"][f"rl_{arm}"] = run_phase(
-                f"rl {arm}", ["run", "--config", str(work / "rl.yaml"), "--steps", str(args.steps), "--seed",
-                              str(args.seed), "--engine", args.engine, "--engine-dtype", args.engine_dtype, *flags,
-                              "--output", str(run), "--overwrite"], args.rl_seconds, work / f"rl_{arm}.log")
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
-            if (run / "metrics.jsonl").exists() else []
-        report["per_step"][arm] = {k: [r.get(k) for r in rows] for k in PER_STEP}
+        train_arm(work, arm, flags, args, report)
         save()
 
     common = [*eval_command(sft_cfg, rl_cfg, args.episodes, args.engine, args.engine_dtype),
@@ -86,11 +67,7 @@ def main() -> None:
     models = {"sft": work / "sft" / "checkpoint", **{arm: work / arm / "checkpoint" for arm in ARMS}}
     evals = {}
     for name, model in models.items():
-        if not (work / f"eval_{name}" / "results.json").exists():
-            report["phases"][f"eval_{name}"] = run_phase(
-                f"eval {name}", [*common, "--model", str(model), "--output", str(work / f"eval_{name}")],
-                3600, work / f"eval_{name}.log")
-        evals[name] = load_results(work / f"eval_{name}")
+        evals[name] = evaluate_arm(name, model, common, work, report)
         save()
     seeds = {name: [e["seed"] for e in ev["episodes"]] for name, ev in evals.items()}
     if len({tuple(s) for s in seeds.values()}) != 1:

@@ -26,28 +26,17 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_multiturn import ROOT, eval_command, run_phase, sft_once  # noqa: E402  (a sibling script, not a package)
+from learn_multiturn import ROOT, add_arm_study_arguments, eval_command, evaluate_arm, sft_once, train_arm  # noqa: E402  (a sibling script)
 
 ARMS = {"gigpo": [], "grpo": ["--advantage.name", "grpo"]}
-PER_STEP = ("success_rate", "reward_mean", "entropy", "grad_norm", "samples", "samples_without_gradient",
-            "turns_mean", "step_seconds")
 
 
 def main() -> None:
     from agentrl.passk import bootstrap_pass_at_k_difference, mean_interval, task_counts
-    from agentrl.recipes.evaluate import load_results
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="gui")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--episodes", type=int, default=192, help="held-out tasks, fixed before the run")
-    parser.add_argument("--seed-offset", type=int, default=3_000_000, help="first held-out task seed")
-    parser.add_argument("--engine", default="vllm")
-    parser.add_argument("--engine-dtype", default="bfloat16")
-    parser.add_argument("--rl-seconds", type=float, default=3600)
-    parser.add_argument("--work", default="")
-    parser.add_argument("--results", default="")
+    add_arm_study_arguments(parser)
     args = parser.parse_args()
     work = Path(args.work or ROOT / "runs" / f"gigpo_vs_grpo_{args.env}").resolve()
     results = Path(args.results or ROOT / "docs" / "results" / f"gigpo_vs_grpo_{args.env}.json")
@@ -64,19 +53,8 @@ def main() -> None:
               "--seed-offset", str(args.seed_offset)]
     evals = {}
     for arm, flags in ARMS.items():
-        run = work / arm
-        if not (run / "checkpoint").is_dir():
-            report["phases"][f"rl_{arm}"] = run_phase(
-                f"rl {arm}", ["run", "--config", str(work / "rl.yaml"), "--steps", str(args.steps), "--seed",
-                              str(args.seed), "--engine", args.engine, "--engine-dtype", args.engine_dtype, *flags,
-                              "--output", str(run), "--overwrite"], args.rl_seconds, work / f"rl_{arm}.log")
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
-            if (run / "metrics.jsonl").exists() else []
-        report["per_step"][arm] = {k: [r.get(k) for r in rows] for k in PER_STEP}
-        report["phases"][f"eval_{arm}"] = run_phase(
-            f"eval {arm}", [*common, "--model", str(run / "checkpoint"), "--output", str(work / f"eval_{arm}")],
-            3600, work / f"eval_{arm}.log")
-        evals[arm] = load_results(work / f"eval_{arm}")
+        train_arm(work, arm, flags, args, report)
+        evals[arm] = evaluate_arm(arm, work / arm / "checkpoint", common, work, report)
         results.parent.mkdir(parents=True, exist_ok=True)
         results.write_text(json.dumps(report, indent=1))
     g, r = evals["gigpo"]["episodes"], evals["grpo"]["episodes"]

@@ -77,7 +77,8 @@ def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
     seconds = time.perf_counter() - t0
     print(f"  {name}: rc {rc}, {seconds:.0f} s, peak {peak:.0f} MiB"
           f"{' (stopped at the wall-clock limit)' if limited else ''}", flush=True)
-    return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb": peak, "log": str(log)}
+    return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb": peak,
+            "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else log.name}
 
 
 def sft_once(env_id: str, work: Path) -> dict | None:
@@ -91,6 +92,55 @@ def sft_once(env_id: str, work: Path) -> dict | None:
     sft_cfg = yaml.safe_load((ROOT / "configs" / f"{env_id}-sft.yaml").read_text())
     (work / "sft.yaml").write_text(yaml.safe_dump(sft_cfg | {"output": str(sft_dir), "eval_episodes": 0}))
     return run_phase("sft", ["sft", "--config", str(work / "sft.yaml"), "--overwrite"], 3600, work / "sft.log")
+
+
+ARM_PER_STEP = ("success_rate", "reward_mean", "entropy", "grad_norm", "samples", "samples_without_gradient",
+                "turns_mean", "step_seconds")
+"""The training metrics a study of RL arms keeps per step of each arm."""
+
+
+def add_arm_study_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every "RL arms from one SFT checkpoint" study shares: run length and seed, the held-out panel, the
+    engine, the RL phase's wall-clock limit, and where runs and results go."""
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--episodes", type=int, default=192, help="held-out tasks, fixed before the run")
+    parser.add_argument("--seed-offset", type=int, default=3_000_000, help="first held-out task seed")
+    parser.add_argument("--engine", default="vllm")
+    parser.add_argument("--engine-dtype", default="bfloat16")
+    parser.add_argument("--rl-seconds", type=float, default=3600)
+    parser.add_argument("--work", default="")
+    parser.add_argument("--results", default="")
+
+
+def train_arm(work: Path, arm: str, flags: list[str], args: argparse.Namespace, report: dict) -> None:
+    """Train one RL arm from ``<work>/rl.yaml`` into ``<work>/<arm>`` unless its checkpoint is there; record the phase
+    and the arm's per-step metrics in ``report``. Exits naming the log when the run leaves no checkpoint."""
+    run = work / arm
+    if not (run / "checkpoint").is_dir():
+        report["phases"][f"rl_{arm}"] = run_phase(
+            f"rl {arm}", ["run", "--config", str(work / "rl.yaml"), "--steps", str(args.steps), "--seed",
+                          str(args.seed), "--engine", args.engine, "--engine-dtype", args.engine_dtype, *flags,
+                          "--output", str(run), "--overwrite"], args.rl_seconds, work / f"rl_{arm}.log")
+        if not (run / "checkpoint").is_dir():
+            sys.exit(f"rl {arm} left no checkpoint: see {work / f'rl_{arm}.log'}")
+    rows = _rows(run / "metrics.jsonl")
+    report["per_step"][arm] = {k: [r.get(k) for r in rows] for k in ARM_PER_STEP}
+
+
+def evaluate_arm(name: str, model: Path, common: list[str], work: Path, report: dict) -> dict:
+    """``agentrl eval`` of one checkpoint into ``<work>/eval_<name>`` (reused when its results are there); the results.
+    Exits naming the log when the eval fails."""
+    from agentrl.recipes.evaluate import EvalError, load_results
+
+    out = work / f"eval_{name}"
+    if not (out / "results.json").exists():
+        report["phases"][f"eval_{name}"] = run_phase(
+            f"eval {name}", [*common, "--model", str(model), "--output", str(out)], 3600, work / f"eval_{name}.log")
+    try:
+        return load_results(out)
+    except EvalError as e:
+        sys.exit(f"eval {name} gave no results ({e}): see {work / f'eval_{name}.log'}")
 
 
 def _rows(path: Path) -> list[dict]:
