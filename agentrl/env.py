@@ -16,12 +16,17 @@ advantages and for evaluation: a truncated episode did not fail the task, it ran
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import gymnasium as gym
 from gymnasium import spaces
 
-__all__ = ["TextEnv", "TextSpace", "SharedResource"]
+from agentrl.client_settings import ClientSetting, ClientSettingError, check_client_settings, check_reset_options
+
+__all__ = ["TextEnv", "TextSpace", "SharedResource", "ClientSetting", "ClientSettingError", "check_client_settings",
+           "check_reset_options"]
 
 
 class TextSpace(spaces.Text):
@@ -89,6 +94,13 @@ class TextEnv(gym.Env[str, str]):
     Shared state: an env whose construction is expensive (a product catalogue, a search index) sets the class
     attribute `shared` to a `SharedResource` subclass and accepts `shared=` in `__init__`; runner pools then
     build it once per node and hand the same object to every env.
+
+    Client settings: `client_settings` names the constructor arguments that a client of a served env
+    (`agentrl env serve`) may set per session, each a `ClientSetting` (plain type, bounded values): ``split``,
+    ``level``, ``max_turns``, ... Everything else, above all anything the process would import, read or write
+    (``module:function`` names, paths, URLs, cache folders), only the operator sets. Empty by default: a client
+    may set nothing. `check_client_settings` applies the declaration. `client_reset_options` does the same for the
+    ``options`` a client may pass to `reset` (empty by default: a served env is reset with no options).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -97,6 +109,8 @@ class TextEnv(gym.Env[str, str]):
     system_prompt: ClassVar[str] = "You are an agent acting in a text environment. Reply with one action."
     shared: ClassVar[type[SharedResource] | None] = None
     rollout_defaults: ClassVar[dict[str, Any]] = {}
+    client_settings: ClassVar[Mapping[str, ClientSetting]] = MappingProxyType({})
+    client_reset_options: ClassVar[Mapping[str, ClientSetting]] = MappingProxyType({})
     max_episode_steps: int | None = None
 
     # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call

@@ -9,9 +9,10 @@ Everything of env ``NAME`` (`agentrl.registry.short_name` of ``--env``) lives un
 
 * ``GET /health`` (and ``/NAME/health``): status, sessions open, the bound, the process RSS. Never needs the token.
 * ``GET /NAME/info``: what a client needs to stand in for the env class (system prompt, rollout defaults, episode
-  budget, constructor parameters, first docstring line).
-* ``POST /NAME/sessions`` ``{"kwargs": {...}}`` -> ``{"session": ID}``; then ``POST /NAME/sessions/ID/reset``
-  ``{"seed", "options", "seq"}``, ``POST /NAME/sessions/ID/step`` ``{"action", "seq"}``,
+  budget, constructor parameters, first docstring line) and the settings a client may set, with their bounds.
+* ``POST /NAME/sessions`` ``{"kwargs": {...}}`` (the env's `TextEnv.client_settings` only) -> ``{"session": ID}``;
+  then ``POST /NAME/sessions/ID/reset`` ``{"seed", "options", "seq"}``, ``POST /NAME/sessions/ID/step``
+  ``{"action", "seq"}``,
   ``GET /NAME/sessions/ID/expert_action``, ``DELETE /NAME/sessions/ID``. This is agentrl's own protocol
   (`agentrl.remote.RemoteEnv` speaks it): ``terminated`` / ``truncated`` stay apart and ``info`` travels whole
   (every JSON-serializable key). ``seq`` numbers a session's calls so a client may retry a call whose answer was
@@ -19,29 +20,38 @@ Everything of env ``NAME`` (`agentrl.registry.short_name` of ``--env``) lives un
 * ``WS /NAME/ws``: OpenEnv's WebSocket protocol, one session per connection, so OpenEnv's own clients play the env
   (the mapping is in docs/envs_remote.md).
 
-Sessions: each holds its own env, built from the session's kwargs (on top of the server's) with the shared state of
-that kwargs set, built once (`TextEnv.shared`), as the runner pools do. Envs step on a few worker threads ("lanes"),
+Sessions: each holds its own env, built from the server's kwargs plus the session's settings, with the shared state
+of that settings set, built once (`TextEnv.shared`), as the runner pools do. A session may set only what the env
+declares in `TextEnv.client_settings` (plain, bounded values such as ``split`` or ``level``): anything else, such as a
+path or an import name, is refused with 422 naming the setting, before any value is looked at, and before an env is
+built; the operator's own kwargs (``--env-arg``) are not restricted. Envs step on a few worker threads ("lanes"),
 each env always on the same one (one lane for envs that ask for a single thread). A session idle for longer than
 `idle_timeout` is closed by a reaper; at `max_sessions` (or over `max_rss_gib`) new sessions are refused with 503 and
 a ``Retry-After`` header, so memory stays bounded. Bound to 127.0.0.1 unless asked; bound to any other address the
 server refuses to start without a bearer token, and then every call but ``/health`` must carry
 ``Authorization: Bearer TOKEN`` (WebSocket clients that cannot set headers may pass ``?token=TOKEN``).
+
+Every request passes `agentrl.http_guard` first (`ServeSettings.limits`, `ServeSettings.allowed_hosts`): a ``Host``
+header naming another host is refused with 421 (DNS rebinding), a foreign ``Origin`` with 403 (web pages), bodies
+over the limit with 413, bodies and headers slower than the read timeouts with 408, WebSocket messages over the frame
+limit closed with 1009. A call out of order gets 409 and keeps the session: ``step`` or ``expert_action`` before the
+first ``reset``, a ``seq`` skipped, or a retried ``seq`` whose body differs from the call it repeats.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
+import hashlib
 import inspect
 import itertools
 import json
 import logging
 import math
 import secrets
-import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +65,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect
 
-from agentrl.env import SharedResource, TextEnv
+from agentrl.env import ClientSettingError, SharedResource, TextEnv, check_client_settings, check_reset_options
+from agentrl.http_guard import HttpGuard, HttpLimits, allowed_hosts, bind_socket, check_bind, uvicorn_server
 from agentrl.registry import short_name, spec
 from agentrl.remote import PROTOCOL_VERSION, TOKEN_ENV_VAR
 
@@ -64,13 +75,13 @@ __all__ = ["ServeSettings", "ServeError", "EnvServer", "RunningServer", "start_s
 
 log = logging.getLogger(__name__)
 
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-_MAX_KWARG_SETS = 4  # distinct session kwargs, each with its own shared state: bounded, it can be large
+_MAX_KWARG_SETS = 4  # distinct session settings sets holding shared state at once: bounded, it can be large
+_BASE_SETTINGS = "{}"  # the key of the operator's own set (no client settings): built at start, never evicted
 _MAX_ACTION_CHARS = 1_000_000
 
 
 class OpenSession(BaseModel):
-    """``POST /NAME/sessions`` body: constructor kwargs on top of the server's."""
+    """``POST /NAME/sessions`` body: settings the env lets a client set (`TextEnv.client_settings`)."""
 
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -78,16 +89,16 @@ class OpenSession(BaseModel):
 class Reset(BaseModel):
     """``POST /NAME/sessions/ID/reset`` body."""
 
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
     options: dict[str, Any] | None = None
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, lt=2**63)
 
 
 class Step(BaseModel):
     """``POST /NAME/sessions/ID/step`` body."""
 
     action: str = Field(max_length=_MAX_ACTION_CHARS)
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, lt=2**63)
 
 
 class ServeError(RuntimeError):
@@ -100,7 +111,8 @@ class ServeSettings:
 
     Attributes:
         env_id: registry id, ``module:Class`` or ``path/to/file.py:Class``.
-        kwargs: constructor kwargs of every session's env (a session may add its own on top).
+        kwargs: constructor kwargs of every session's env, unrestricted (the operator's); a session may set the
+            env's `TextEnv.client_settings` on top.
         host: address to bind; anything but loopback needs `token`.
         port: TCP port; 0 picks a free one.
         max_sessions: sessions open at once; more are refused (503) until one closes or is reaped.
@@ -109,6 +121,9 @@ class ServeSettings:
         max_rss_gib: refuse new sessions while the server process uses more memory than this (0: no limit).
         threads: worker threads stepping envs (an env always steps on the same one).
         step_timeout: seconds one env call may take before the session is failed (504) and closed.
+        allowed_hosts: more names the ``Host`` header may carry besides the bound one (and the loopback names on a
+            loopback bind), e.g. the name a proxy forwards; ``*`` allows any (`agentrl.http_guard.allowed_hosts`).
+        limits: body, header, timeout and WebSocket frame limits every client is held to (`HttpLimits`).
     """
 
     env_id: str
@@ -121,6 +136,8 @@ class ServeSettings:
     max_rss_gib: float = 0.0
     threads: int = 8
     step_timeout: float = 120.0
+    allowed_hosts: tuple[str, ...] = ()
+    limits: HttpLimits = field(default_factory=HttpLimits)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -131,9 +148,11 @@ class ServeSettings:
             raise ServeError(f"--idle-timeout must be > 0 seconds, got {self.idle_timeout}")
         if self.threads < 1:
             raise ServeError(f"--threads must be >= 1, got {self.threads}")
-        if self.host not in _LOOPBACK and not self.token:
-            raise ServeError(f"binding {self.host} exposes the env to the network; set a token with --token or "
-                             f"{TOKEN_ENV_VAR}=..., or bind 127.0.0.1")
+        check_bind(self.host, self.token, token_flag="--token", env_var=TOKEN_ENV_VAR, error=ServeError)
+        try:
+            allowed_hosts(self.host, self.allowed_hosts)
+        except ValueError as e:
+            raise ServeError(f"--allowed-host: {e}") from None
 
     @property
     def name(self) -> str:
@@ -152,6 +171,11 @@ def json_info(info: Mapping[str, Any]) -> dict[str, Any]:
             continue  # a screenshot or a handle: it cannot travel as JSON and the rollout does not need it
         out[str(key)] = value
     return out
+
+
+def _settings_key(settings: Mapping[str, Any]) -> str:
+    """The shared-state cache key of a checked settings set (plain JSON values, so the dump is canonical)."""
+    return json.dumps(dict(settings), sort_keys=True)
 
 
 def _plain(value: Any) -> Any:
@@ -183,8 +207,11 @@ class _Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     seq: int = 0
     answer: Any = None  # the answer to call `seq`, repeated when the client retries it
+    digest: str = ""  # of call `seq`'s route and body: a retry must send the same call to get its answer
     steps: int = 0
     episode_id: str = ""
+    started: bool = False  # reset at least once: step and expert_action before it are the client's mistake
+    settings_key: str = _BASE_SETTINGS  # the client settings it was built with (its shared-state entry)
 
 
 class _Refused(Exception):
@@ -212,7 +239,7 @@ class EnvServer:
         single = bool(getattr(self.env_class, "metadata", {}).get("single_thread", False))
         self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-lane{i}")
                        for i in range(1 if single else settings.threads)]
-        self._shared: dict[str, SharedResource | None] = {}
+        self._shared: OrderedDict[str, SharedResource] = OrderedDict()  # by settings set, least recently used first
         self._shared_lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
         self._counter = itertools.count()
@@ -226,20 +253,51 @@ class EnvServer:
 
     # -- sessions -------------------------------------------------------------------------------------------------
 
-    def _make_env(self, kwargs: Mapping[str, Any]) -> TextEnv:
-        """A new env with the server's kwargs plus `kwargs`, sharing the state built once for that kwargs set."""
-        key = json.dumps(dict(kwargs), sort_keys=True, default=str)
-        env_kwargs = {**self._kwargs, **kwargs}
+    def _make_env(self, settings: Mapping[str, Any]) -> TextEnv:
+        """A new env with the server's kwargs plus the client's checked `settings`, sharing the state of that set.
+
+        A set whose env cannot be built frees the shared-state entry it created: a failed build never holds a slot.
+        """
+        key = _settings_key(settings)
+        env_kwargs = {**self._kwargs, **settings}
+        shared, created = self._shared_for(key, env_kwargs)
+        try:
+            return self.env_class(**env_kwargs, **({"shared": shared} if shared is not None else {}))
+        except BaseException:
+            if created:
+                with self._shared_lock:
+                    self._shared.pop(key, None)
+            raise
+
+    def _shared_for(self, key: str, env_kwargs: Mapping[str, Any]) -> tuple[SharedResource | None, bool]:
+        """The shared state of settings set `key` (built now if needed) and whether this call built it."""
         shared_type: type[SharedResource] | None = getattr(self.env_class, "shared", None)
+        if shared_type is None:
+            return None, False  # nothing to share, so nothing to hold per set
         with self._shared_lock:
-            if key not in self._shared:
-                if len(self._shared) >= _MAX_KWARG_SETS:
-                    raise _Refused(409, f"this server already holds {_MAX_KWARG_SETS} different env kwargs sets; "
-                                        f"serve these kwargs from their own server (--env-arg)")
-                # Built once per kwargs set, as `agentrl.rollout.pool.EnvMaker.build_shared` does for a pool.
-                self._shared[key] = shared_type.build(**env_kwargs) if shared_type is not None else None
-            shared = self._shared[key]
-        return self.env_class(**env_kwargs, **({"shared": shared} if shared is not None else {}))
+            if key in self._shared:
+                self._shared.move_to_end(key)
+                return self._shared[key], False
+            if len(self._shared) >= _MAX_KWARG_SETS:
+                self._evict_unused()
+            # Built once per settings set, as `agentrl.rollout.pool.EnvMaker.build_shared` does for a pool.
+            resource = shared_type.build(**env_kwargs)
+            if resource is None:  # e.g. math's procedural problems: the build is free, nothing to keep
+                return None, False
+            self._shared[key] = resource
+            return resource, True
+
+    def _evict_unused(self) -> None:
+        """Drop the least recently used shared state that no open session uses (never the operator's own set)."""
+        # A list copy: this runs on a lane thread while the event loop may add or remove sessions.
+        in_use = {session.settings_key for session in list(self.sessions.values())}
+        for key in self._shared:
+            if key != _BASE_SETTINGS and key not in in_use:
+                del self._shared[key]
+                return
+        raise _Refused(503, f"this server holds shared state for {_MAX_KWARG_SETS} different session settings, all "
+                            f"in use by open sessions; retry when some close, or serve these settings from their own "
+                            f"server (--env-arg)", retry_after=5.0)
 
     async def _run(self, session: _Session | None, lane: int, fn: Callable[[], Any]) -> Any:
         """Run `fn` on `lane` (the session's thread), failing the session when it runs past `step_timeout`."""
@@ -268,39 +326,34 @@ class EnvServer:
             raise _Refused(503, f"server memory over --max-rss-gib {self.settings.max_rss_gib}; retry later",
                            retry_after=2.0)
 
-    async def open_session(self, kwargs: Mapping[str, Any], kind: str = "http") -> _Session:
-        """A new session with its own env (503 when the server is at its bounds)."""
+    async def open_session(self, kwargs: Any, kind: str = "http") -> _Session:
+        """A new session with its own env, built from the server's kwargs and the client's settings `kwargs`.
+
+        `kwargs` is checked against the env's `TextEnv.client_settings` first: a name the env does not declare, or a
+        value of the wrong type or out of bounds, gets 422 naming the setting, and no env is built. Then 503 when the
+        server is at its bounds, and 422 when the env refuses the (valid) settings.
+        """
+        try:
+            settings = check_client_settings(self.env_class, kwargs, self.settings.name)
+        except ClientSettingError as e:
+            raise _Refused(422, str(e)) from None
         self._check_capacity()
-        if not isinstance(kwargs, Mapping):
-            raise _Refused(400, f"kwargs must be a JSON object, got {type(kwargs).__name__}")
-        unknown = self._unknown_kwargs(kwargs)
-        if unknown:
-            raise _Refused(400, f"{self.settings.name} takes no argument {unknown[0]!r}")
         number = next(self._counter)
         lane = number % len(self._lanes)
         self._opening += 1
         try:
-            env = await self._run(None, lane, functools.partial(self._make_env, dict(kwargs)))
+            env = await self._run(None, lane, functools.partial(self._make_env, settings))
         except _Refused as e:
-            if e.status == 500:
-                raise _Refused(400, f"cannot build {self.settings.name} with kwargs {dict(kwargs)}: "
-                                    f"{e.message}") from None
+            if e.status == 500:  # the env's constructor refused a combination the declaration allows
+                raise _Refused(422, f"cannot build {self.settings.name} with settings {settings}: "
+                                    f"{e.message[:300]}") from None
             raise
         finally:
             self._opening -= 1
         now = time.monotonic()
-        session = _Session(secrets.token_hex(12), env, lane, kind, now, now)
+        session = _Session(secrets.token_hex(12), env, lane, kind, now, now, settings_key=_settings_key(settings))
         self.sessions[session.id] = session
         return session
-
-    def _unknown_kwargs(self, kwargs: Mapping[str, Any]) -> list[str]:
-        try:
-            params = inspect.signature(self.env_class).parameters
-        except (TypeError, ValueError):
-            return []
-        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            return []
-        return [k for k in kwargs if k not in params or k == "shared"]
 
     def session(self, sid: str) -> _Session:
         """The open session `sid` (404 when unknown: never opened, closed, reaped, or the server restarted)."""
@@ -312,16 +365,33 @@ class EnvServer:
         return session
 
     async def reset(self, session: _Session, seed: int | None, options: dict | None) -> dict[str, Any]:
-        """Reset the session's env; the answer holds the observation, the info and the episode budget."""
+        """Reset the session's env; the answer holds the observation, the info and the episode budget.
+
+        `options` are checked against the env's `client_reset_options` first (422 naming the option, the session
+        kept): like session settings, they are data a client may send only where the env declares them.
+        """
+        try:
+            options = check_reset_options(self.env_class, options, self.settings.name)
+        except ClientSettingError as e:
+            raise _Refused(422, str(e)) from None
         obs, info = await self._run(session, session.lane, functools.partial(session.env.reset, seed=seed,
                                                                              options=options))
         session.steps = 0
         session.episode_id = f"{session.id}-{seed}"
+        session.started = True
         return {"observation": str(obs), "info": json_info(info),
                 "max_episode_steps": getattr(session.env, "max_episode_steps", None)}
 
+    @staticmethod
+    def _check_reset(session: _Session, call: str) -> None:
+        # The env would raise (an env bug path that fails the session with 500); the client's mistake gets a 409.
+        if not session.started:
+            raise _Refused(409, f"{call} before reset: reset the session first (POST .../reset); the session is "
+                                f"kept")
+
     async def step(self, session: _Session, action: str) -> dict[str, Any]:
-        """Step the session's env with `action`."""
+        """Step the session's env with `action` (409, the session kept, before its first reset)."""
+        self._check_reset(session, "step")
         obs, reward, terminated, truncated, info = await self._run(
             session, session.lane, functools.partial(session.env.step, action))
         reward = float(reward)
@@ -332,7 +402,8 @@ class EnvServer:
                 "truncated": bool(truncated), "info": json_info(info)}
 
     async def expert_action(self, session: _Session) -> str:
-        """The env's gold next action."""
+        """The env's gold next action (409, the session kept, before its first reset)."""
+        self._check_reset(session, "expert_action")
         return str(await self._run(session, session.lane, session.env.expert_action))
 
     async def close_session(self, sid: str) -> bool:
@@ -385,11 +456,16 @@ class EnvServer:
                       if name != "shared" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         except (TypeError, ValueError):
             params = []
+        declared = getattr(cls, "client_settings", None) or {}
+        # Only the operator's values of settings a client may set: the others may name server paths.
+        shown = {k: v for k, v in self._kwargs.items() if k in declared}
+        settable = {name: {**setting.describe(), **({"default": shown[name]} if name in shown else {})}
+                    for name, setting in declared.items()}
         return {"env": self.settings.env_id, "name": self.settings.name, "class": getattr(cls, "__name__", "Env"),
                 "description": doc.splitlines()[0] if doc else "", "system_prompt": getattr(cls, "system_prompt", ""),
                 "rollout_defaults": dict(getattr(cls, "rollout_defaults", {}) or {}),
                 "max_episode_steps": self.max_episode_steps, "init_params": params,
-                "kwargs": json_info(self.settings.kwargs), "protocol": PROTOCOL_VERSION}
+                "client_settings": json_info(settable), "kwargs": json_info(shown), "protocol": PROTOCOL_VERSION}
 
     def close(self) -> None:
         """Close every session's env and stop the worker threads."""
@@ -401,19 +477,8 @@ class EnvServer:
 
     # -- the app --------------------------------------------------------------------------------------------------
 
-    def _authorized(self, header: str | None, query_token: str | None = None) -> bool:
-        token = self.settings.token
-        if not token:
-            return True
-        given = ""
-        if header and header.lower().startswith("bearer "):
-            given = header[7:].strip()
-        elif query_token:
-            given = query_token
-        return hmac.compare_digest(given.encode(), token.encode())
-
     def _build_app(self) -> Any:
-
+        """The FastAPI app, behind `HttpGuard` (Host / Origin allow-list, token, body limits; `agentrl.http_guard`)."""
         server = self
         name = self.settings.name
         prefix = f"/{name}"
@@ -444,8 +509,10 @@ class EnvServer:
         async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
             return error(exc.status_code, str(exc.detail))
 
-        if self.settings.token:
-            app.add_middleware(_BearerAuth, server=server, open_paths=("/health", f"{prefix}/health"))
+        # Every request and WebSocket handshake, the token's included, is checked there before any route runs.
+        app.add_middleware(HttpGuard, allowed_hosts=allowed_hosts(self.settings.host, self.settings.allowed_hosts),
+                           limits=self.settings.limits, token=self.settings.token,
+                           open_paths=("/health", f"{prefix}/health"))
 
         @app.get("/health")
         @app.get(f"{prefix}/health")
@@ -461,26 +528,33 @@ class EnvServer:
             session = await server.open_session(body.kwargs)
             return {"session": session.id}
 
-        async def sequenced(sid: str, seq: int, call: Callable[[_Session], Any]) -> Any:
+        async def sequenced(sid: str, seq: int, route: str, body: BaseModel, call: Callable[[_Session], Any]) -> Any:
             session = server.session(sid)
+            # What the call asked, so a retry is answered from memory only when it is the same call.
+            digest = hashlib.sha256(json.dumps([route, body.model_dump(mode="json")], sort_keys=True).encode()
+                                    ).hexdigest()
             async with session.lock:
                 if seq == session.seq and session.answer is not None:  # a retry of the last call: same answer
+                    if digest != session.digest:
+                        raise _Refused(409, f"call seq {seq} was already answered for a different {route} request; "
+                                            f"a retry must resend the same body, a new call takes seq {seq + 1}")
                     return session.answer
                 if seq != session.seq + 1:
                     raise _Refused(409, f"call seq {seq} out of order: the session's last call was {session.seq}")
                 answer = await call(session)
-                session.seq, session.answer = seq, answer
+                session.seq, session.answer, session.digest = seq, answer, digest
                 session.last_used = time.monotonic()
                 return answer
 
         # The answers go out as JSONResponse: FastAPI's own encoding walks every observation string once more.
         @app.post(f"{prefix}/sessions/{{sid}}/reset")
         async def reset(sid: str, body: Reset) -> JSONResponse:
-            return JSONResponse(await sequenced(sid, body.seq, lambda s: server.reset(s, body.seed, body.options)))
+            return JSONResponse(await sequenced(sid, body.seq, "reset", body,
+                                                lambda s: server.reset(s, body.seed, body.options)))
 
         @app.post(f"{prefix}/sessions/{{sid}}/step")
         async def step(sid: str, body: Step) -> JSONResponse:
-            return JSONResponse(await sequenced(sid, body.seq, lambda s: server.step(s, body.action)))
+            return JSONResponse(await sequenced(sid, body.seq, "step", body, lambda s: server.step(s, body.action)))
 
         @app.get(f"{prefix}/sessions/{{sid}}/expert_action")
         async def expert_action(sid: str) -> dict[str, str]:
@@ -495,9 +569,6 @@ class EnvServer:
 
         @app.websocket(f"{prefix}/ws")
         async def openenv_ws(websocket: WebSocket) -> None:
-            if not server._authorized(websocket.headers.get("authorization"), websocket.query_params.get("token")):
-                await websocket.close(code=1008, reason="missing or wrong bearer token")
-                return
             await _openenv_session(server, websocket)
 
         return app
@@ -532,7 +603,7 @@ async def _openenv_session(server: EnvServer, websocket: Any) -> None:
     try:
         while True:
             try:
-                raw = await asyncio.wait_for(websocket.receive_text(), idle)
+                frame = await asyncio.wait_for(websocket.receive(), idle)
             except asyncio.TimeoutError:  # idle for too long: reaped like an HTTP session
                 server.reaped += 1
                 await websocket.close(code=1000, reason=f"session idle for {idle:.0f}s")
@@ -541,11 +612,24 @@ async def _openenv_session(server: EnvServer, websocket: Any) -> None:
                 await websocket.send_text(_openenv_error("the session is gone; reconnect", "SESSION_ERROR"))
                 await websocket.close(code=1011)
                 return
+            if frame["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(frame.get("code", 1000))
             session.last_used = time.monotonic()
+            raw = frame.get("text")
+            if raw is None:  # a binary frame: unsupported data (1003), said in the protocol's own error first
+                await websocket.send_text(_openenv_error("binary frames are not part of the protocol; send each "
+                                                         "message as a JSON text frame", "INVALID_JSON"))
+                await websocket.close(code=1003, reason="binary frame")
+                return
             try:
                 message = json.loads(raw)
                 if not isinstance(message, dict):
                     raise ValueError("a message must be a JSON object")
+            except RecursionError:  # nested past the interpreter's depth: hostile, not a typo (1007: bad payload)
+                await websocket.send_text(_openenv_error("Invalid JSON: nested too deep; messages are flat JSON "
+                                                         "objects", "INVALID_JSON"))
+                await websocket.close(code=1007, reason="JSON nested too deep")
+                return
             except ValueError as e:
                 await websocket.send_text(_openenv_error(f"Invalid JSON: {e}", "INVALID_JSON"))
                 continue
@@ -570,8 +654,8 @@ async def _openenv_answer(server: EnvServer, session: Any, kind: Any, data: Any)
     async with session.lock:
         if kind == "reset":
             seed = data.get("seed")
-            if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-                raise _Refused(422, f"seed must be a non-negative integer, got {seed!r}")
+            if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
+                raise _Refused(422, f"seed must be an integer in [0, 2**64), got {str(seed)[:64]!r}")
             options = data.get("options")
             answer = await server.reset(session, seed, options if isinstance(options, dict) else None)
             if isinstance(data.get("episode_id"), str):
@@ -599,26 +683,6 @@ async def _openenv_answer(server: EnvServer, session: Any, kind: Any, data: Any)
                      "expert_action": expert}
             return json.dumps({"type": "state", "data": state})
     raise _Refused(422, f"Unknown message type: {kind!r} (reset, step, state, close)")
-
-
-class _BearerAuth:
-    """ASGI middleware: every HTTP call but `open_paths` needs the server's bearer token (WebSockets check their own).
-
-    A plain ASGI class, not Starlette's `BaseHTTPMiddleware`, which costs a task and a stream per request.
-    """
-
-    def __init__(self, app: Any, server: EnvServer, open_paths: tuple[str, ...]):
-        self.app, self.server, self.open_paths = app, server, open_paths
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if not self.server._authorized(header):
-                response = JSONResponse({"error": "missing or wrong bearer token (Authorization: Bearer TOKEN)"},
-                                        status_code=401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 @dataclass
@@ -649,29 +713,6 @@ class RunningServer:
         self.stop()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it: no Nagle stalls
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ServeError(f"cannot bind {host}:{port}: {e.strerror or e}; pick another --port "
-                         f"(0 picks a free one)") from None
-    sock.listen(2048)
-    return sock
-
-
-def _uvicorn_server(app: Any) -> Any:
-    import uvicorn
-
-    config = uvicorn.Config(app, log_level="warning", access_log=False, ws="websockets-sansio",
-                            timeout_keep_alive=75, lifespan="on")
-    return uvicorn.Server(config)
-
-
 def _url(host: str, port: int, name: str) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/{name}"
@@ -680,8 +721,8 @@ def _url(host: str, port: int, name: str) -> str:
 def start_server(settings: ServeSettings) -> RunningServer:
     """Start serving in a background thread of this process; returns once the server answers."""
     server = EnvServer(settings)
-    sock = _bind(settings.host, settings.port)
-    uv = _uvicorn_server(server.app)
+    sock = bind_socket(settings.host, settings.port, error=ServeError)
+    uv = uvicorn_server(server.app, limits=settings.limits)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name="agentrl-env-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -695,8 +736,8 @@ def start_server(settings: ServeSettings) -> RunningServer:
 def serve(settings: ServeSettings, announce: Callable[[str], None] = print) -> None:
     """Serve until interrupted (blocking); `announce` gets one line with the URL once the server listens."""
     server = EnvServer(settings)
-    sock = _bind(settings.host, settings.port)
-    uv = _uvicorn_server(server.app)
+    sock = bind_socket(settings.host, settings.port, error=ServeError)
+    uv = uvicorn_server(server.app, limits=settings.limits)
     url = _url(settings.host, sock.getsockname()[1], settings.name)
 
     async def main() -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentrl.env import TextEnv
+from agentrl.env import ClientSetting, TextEnv
 from agentrl.envs.alfworld.catalogue import load_catalogue
 from agentrl.envs.alfworld.engine import GRAMMARS, actions, goal_reached, intro, perform
 from agentrl.envs.alfworld.expert import expert_action, observe
@@ -58,6 +58,14 @@ class AlfworldEnv(TextEnv):
     # Observations answer the agent's commands: as tool results they keep Qwen3's token prefix, so a 50-step episode
     # trains as one sample, not 50 (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
+    # What a client of a served ALFWorld may set per session: data only; `game_file` (a file the server would read)
+    # is the operator's, set with --env-arg. `task_types` takes one type from a client (a list only from the operator).
+    client_settings: ClassVar[Mapping[str, ClientSetting]] = {
+        "split": ClientSetting(str, "which games reset draws", choices=SPLITS),
+        "grammar": ClientSetting(str, "ALFWorld 0.4 or legacy (<= 0.3.5) commands and text", choices=tuple(GRAMMARS)),
+        "max_steps": ClientSetting(int, "step budget per episode", min=1, max=200),
+        "task_types": ClientSetting(str, "generate only this task type", choices=TASK_TYPES),
+    }
 
     def __init__(
         self,

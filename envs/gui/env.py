@@ -13,9 +13,10 @@ Departures from AndroidWorld, and why:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agentrl.env import TextEnv
+from agentrl.env import ClientSetting, TextEnv
 
 from .actions import Action, ActionError, format_call, parse_action
 from .phone import Phone
@@ -94,6 +95,15 @@ class GuiEnv(TextEnv):
     # Playwright's sync API belongs to the thread that started the browser: runner pools step every GuiEnv of a
     # process from one thread (see agentrl.rollout.pool).
     metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "single_thread": True}
+    # What a client of a served phone may set per session: data only; the renderer (a browser to start) and the
+    # shared browser host are the operator's. `task_types` takes one type from a client (a list only from the operator).
+    client_settings: ClassVar[Mapping[str, ClientSetting]] = {
+        "max_steps": ClientSetting(int, "step budget per episode", min=1, max=100),
+        "task_types": ClientSetting(str, "draw only tasks of this type", choices=TASK_TYPES),
+        "screenshots": ClientSetting(bool, "render a screenshot on every step (images do not travel over HTTP)"),
+        "observation": ClientSetting(str, "full (AndroidWorld fields) or compact screens", choices=_OBSERVATIONS),
+        "action_format": ClientSetting(str, "how expert actions are written", choices=_ACTION_FORMATS),
+    }
 
     def __init__(
         self,

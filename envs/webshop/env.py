@@ -23,11 +23,12 @@ Every departure from princeton-nlp/WebShop is listed, with its reason, in ``envs
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.env import TextEnv
+from agentrl.env import ClientSetting, TextEnv
 from agentrl.envs.webshop.catalog import SPLITS
 from agentrl.envs.webshop.pages import (
     RESULTS_PER_PAGE,
@@ -94,6 +95,19 @@ class WebShopEnv(TextEnv):
     # trains as one sample, not one per step (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
     shared: ClassVar[type[WebShopResource]] = WebShopResource
+    # What a client of a served WebShop may set per session: data only. The catalogue (`num_products`, `seed`,
+    # `data_dir`, `goals`), the index (`search_mode`, `cache_dir`: folders the server writes) and the noun tagger
+    # (a spaCy model to load) are the operator's, set with --env-arg.
+    client_settings: ClassVar[Mapping[str, ClientSetting]] = {
+        "split": ClientSetting(str, "which goals episodes draw from", choices=SPLITS),
+        "observation_mode": ClientSetting(str, "how pages are shown", choices=OBSERVATION_MODES),
+        "max_steps": ClientSetting(int, "steps before the episode is truncated", min=1, max=100),
+        "reward_convention": ClientSetting(str, "original (score in [0, 1]) or verl-agent (10 for a perfect buy)",
+                                           choices=REWARD_CONVENTIONS),
+    }
+    client_reset_options: ClassVar[Mapping[str, ClientSetting]] = {
+        "goal_index": ClientSetting(int, "play the split's i-th goal instead of drawing one", min=0, max=10**7),
+    }
 
     def __init__(
         self,
