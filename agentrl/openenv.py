@@ -22,15 +22,33 @@ Played (``--env openenv+http://HOST:PORT``): `OpenEnvEnv` drives an OpenEnv serv
 server sends it, else the whole observation as JSON) is the text the agent reads. OpenEnv has one ``done``: it maps
 to ``terminated`` unless the observation says ``truncated`` (our own servers do). ``info["success"]`` is the
 observation's ``success`` field when it has one, else ``reward > success_threshold`` on the final step.
+
+What an OpenEnv server sends is checked as `agentrl.remote` checks its own servers: a message over
+``max_message_bytes`` (16 MiB) is refused by the WebSocket before it is read; the observation must be a JSON object
+free of NaN / Infinity and nested at most `MAX_JSON_DEPTH` deep; the reward null (no reward), a boolean (OpenEnv allows
+one) or a finite number within +-``max_abs_reward``; ``done`` (and the observation's ``truncated`` / ``success`` when
+sent) JSON booleans; ``info`` a JSON object. A broken answer, a refused or dropped connection and a server error all
+raise `agentrl.remote.RemoteEnvError` naming the server (`BadAnswerError` for a broken answer) and drop the connection
+(the next reset opens a new one); in a rollout that is a failed env call, counted in ``env_errors``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agentrl.env import TextEnv
+from agentrl.remote import (
+    MAX_ABS_REWARD,
+    MAX_JSON_DEPTH,
+    MAX_RESPONSE_BYTES,
+    BadAnswerError,
+    RemoteEnvError,
+    check_info,
+)
 
 __all__ = ["OpenEnvEnv", "OPENENV_SCHEME"]
 
@@ -38,6 +56,29 @@ log = logging.getLogger(__name__)
 
 OPENENV_SCHEME = "openenv+"
 """Prefix of an env id naming an OpenEnv server: ``openenv+http://HOST:PORT``."""
+
+_T = TypeVar("_T")
+_WS_MESSAGE_TOO_BIG = 1009  # the WebSocket close code a client sends when a message is over its size limit
+
+
+def _first_bad_number(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Where `value` holds a NaN or an infinity, or nests deeper than `max_depth` (``None``: nowhere).
+
+    OpenEnv's client decodes with Python's lenient `json.loads`, which accepts ``NaN`` and ``Infinity`` and turns
+    ``1e400`` into ``inf``; this finds them after the fact. Iterative, so deep nesting cannot hit the recursion limit.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{path or 'the value'} is {item} (JSON has no NaN or Infinity)"
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                return f"{path or 'the value'} nests deeper than {max_depth} levels"
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in pairs)
+    return None
+
 
 class OpenEnvEnv(TextEnv):
     """An OpenEnv environment server played as a text env, through openenv-core's own client.
@@ -50,12 +91,15 @@ class OpenEnvEnv(TextEnv):
         system_prompt: what the agent is told; empty: the server's description from ``/metadata`` when it has one.
         success_threshold: a final reward above this counts as success when the observation has no ``success``.
         message_timeout: seconds to wait for each answer.
+        max_message_bytes: the largest WebSocket message accepted from the server; a larger one fails the call.
+        max_abs_reward: the largest reward magnitude accepted.
     """
 
     system_prompt = "You are an agent acting in an OpenEnv environment. Reply with one action."
 
     def __init__(self, base_url: str, action_field: str = "text", observation_field: str = "",
-                 system_prompt: str = "", success_threshold: float = 0.0, message_timeout: float = 120.0):
+                 system_prompt: str = "", success_threshold: float = 0.0, message_timeout: float = 120.0,
+                 max_message_bytes: int = MAX_RESPONSE_BYTES, max_abs_reward: float = MAX_ABS_REWARD):
         try:
             from openenv.core.generic_client import GenericEnvClient
         except ImportError as e:
@@ -64,11 +108,69 @@ class OpenEnvEnv(TextEnv):
         self.action_field = action_field
         self.observation_field = observation_field
         self.success_threshold = success_threshold
+        self.max_message_bytes = max_message_bytes
+        self.max_abs_reward = max_abs_reward
         if system_prompt:
             self.system_prompt = system_prompt
-        self._client = GenericEnvClient(base_url=self.base_url, message_timeout_s=message_timeout).sync()
-        self._client.connect()
+        self._client = GenericEnvClient(base_url=self.base_url, message_timeout_s=message_timeout,
+                                        max_message_size_mb=max_message_bytes / 2**20).sync()
+        self._ask("connect", self._client.connect)
         self._last: dict[str, Any] = {}
+
+    def _ask(self, call: str, fn: Callable[[], _T]) -> _T:
+        """Run one client call; every failure becomes a `RemoteEnvError` naming the server (the connection dropped)."""
+        try:
+            return fn()
+        except Exception as e:
+            self._drop()
+            where = f"OpenEnv server {self.base_url}: {call}"
+            if isinstance(e, RecursionError):
+                raise BadAnswerError(f"{where} answered JSON nested deeper than the parser allows") from None
+            if getattr(getattr(e, "sent", None), "code", None) == _WS_MESSAGE_TOO_BIG:
+                raise BadAnswerError(f"{where} answered a message over the limit of {self.max_message_bytes:,} "
+                                     f"bytes; raise max_message_bytes (--env-arg) if this env's messages really are "
+                                     f"that large") from None
+            raise RemoteEnvError(f"{where} failed: {type(e).__name__}: {str(e)[:300]}") from None
+
+    def _drop(self) -> None:
+        """Close the connection after a failed call: an answer still on its way must not pass for the next one's."""
+        try:
+            self._client.close()
+        except Exception as e:
+            log.debug("closing the OpenEnv client failed: %s", e)
+
+    def _checked(self, call: str, result: Any) -> tuple[dict[str, Any], float | None, bool]:
+        """The observation, reward and done flag of a `StepResult`, each checked (`BadAnswerError` otherwise)."""
+        where = f"OpenEnv server {self.base_url}: {call}"
+
+        def bad(field: str, problem: str) -> BadAnswerError:
+            self._drop()
+            return BadAnswerError(f"{where} answered a bad {field!r}: {problem}")
+
+        observation, reward, done = result.observation, result.reward, result.done
+        if observation is None:
+            observation = {}
+        if not isinstance(observation, dict):
+            raise bad("observation", f"{type(observation).__name__} where a JSON object belongs")
+        problem = _first_bad_number(observation)
+        if problem:
+            raise bad("observation", problem)
+        if reward is not None:
+            if not isinstance(reward, (bool, int, float)):
+                raise bad("reward", f"{type(reward).__name__} ({str(reward)[:60]}) where a number belongs")
+            if not abs(reward) <= self.max_abs_reward:  # False for NaN too
+                raise bad("reward", f"{str(reward)[:60]} is not a finite number within +-{self.max_abs_reward:g}")
+            reward = float(reward)
+        if not isinstance(done, bool):
+            raise bad("done", f"{type(done).__name__} ({str(done)[:60]}) where true or false belongs")
+        for key in ("truncated", "terminated", "success"):
+            if key in observation and not isinstance(observation[key], bool):
+                raise bad(f"observation.{key}", f"{type(observation[key]).__name__} where true or false belongs")
+        info = observation.get("info")
+        if info is not None and not isinstance(info, dict):
+            raise bad("observation.info", f"{type(info).__name__} where a JSON object belongs")
+        check_info(info or {}, lambda field, problem: bad(f"observation.{field}", problem))
+        return observation, reward, done
 
     def _text(self, observation: dict[str, Any]) -> str:
         field = self.observation_field or ("text" if "text" in observation else "")
@@ -83,30 +185,30 @@ class OpenEnvEnv(TextEnv):
         data: dict[str, Any] = {} if seed is None else {"seed": seed}
         if options:
             data["options"] = options
-        result = self._client.reset(**data)
-        observation = dict(result.observation or {})
+        result = self._ask("reset", lambda: self._client.reset(**data))
+        observation, _, _ = self._checked("reset", result)
         self._last = observation
         info = dict(observation.get("info") or {})
         return self._text(observation), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Send ``{action_field: action}``; map OpenEnv's ``(observation, reward, done)`` onto Gymnasium's five."""
-        result = self._client.step({self.action_field: action})
-        observation = dict(result.observation or {})
+        result = self._ask("step", lambda: self._client.step({self.action_field: action}))
+        observation, reward, done = self._checked("step", result)
         self._last = observation
-        reward = float(result.reward or 0.0)
+        reward = reward or 0.0
         info = dict(observation.get("info") or {})
-        truncated = bool(observation.get("truncated", False)) and bool(result.done)
-        terminated = bool(result.done) and not truncated
+        truncated = observation.get("truncated", False) and done
+        terminated = done and not truncated
         if "success" not in info and "success" in observation:
-            info["success"] = bool(observation["success"])
-        if result.done:
+            info["success"] = observation["success"]
+        if done:
             info.setdefault("success", reward > self.success_threshold)
         return self._text(observation), reward, terminated, truncated, info
 
     def expert_action(self) -> str:
         """The server's expert action from its state (agentrl servers send one; other OpenEnv servers do not)."""
-        state = self._client.state()
+        state = self._ask("state", self._client.state)
         action = state.get("expert_action") if isinstance(state, dict) else None
         if not isinstance(action, str):
             raise NotImplementedError(f"the OpenEnv server at {self.base_url} sends no expert_action in its state")
