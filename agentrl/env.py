@@ -87,6 +87,10 @@ class TextEnv(gym.Env[str, str]):
           single-turn env). Runs size the engines' KV memory by it: a single-turn episode never grows past its first
           prompt and one reply.
 
+    Rewards: a reward that a reply's text can make slow (symbolic math, big numbers, regexes) should run under a hard
+    budget so a hostile reply cannot freeze the runner or a served env: ``reward = run_with_budget(my_reward, action,
+    gold, budget_s=2.0)`` (`agentrl.budget`; ``my_reward`` module-level), counting `BudgetExceeded` as a wrong answer.
+
     Threading: runner pools may step several envs of one process from a thread pool. An env whose state belongs to
     one thread (Playwright's sync API) sets ``metadata["single_thread"] = True`` and all envs of its class in a
     process are then stepped from a single thread.

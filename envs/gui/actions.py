@@ -16,6 +16,11 @@ Function style: ``tap(3)``, ``tap(180, 400)``, ``long_press(5)``, ``double_tap(5
 ``wait()``, ``open_app("Clock")``, ``answer("...")``, ``finish()``, ``infeasible()``.
 
 The JSON object or the call may follow free text (reasoning, ``Action:``); the last one in the reply counts.
+
+Reading an action takes time linear in the reply, whatever its content (the reward's checker reads the phone's state,
+which only actions change, so this and `MAX_TEXT_CHARS` bound the checker's work too): a typed text or an answer
+longer than `MAX_TEXT_CHARS` is refused, and JSON nested past Python's recursion limit is an invalid action, not a
+crash.
 A swipe moves the finger, so ``swipe up`` scrolls the content ``down``, as on a phone.
 """
 
@@ -27,7 +32,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACTION_TYPES", "Action", "ActionError", "format_call", "parse_action"]
+__all__ = ["ACTION_TYPES", "MAX_TEXT_CHARS", "Action", "ActionError", "format_call", "parse_action"]
+
+MAX_TEXT_CHARS = 2_000
+"""The longest text an ``input_text`` or ``answer`` action may carry (phone messages and answers are short)."""
 
 ACTION_TYPES = (
     "click", "double_tap", "long_press", "input_text", "scroll", "swipe", "navigate_back", "navigate_home",
@@ -38,7 +46,10 @@ _HELP = (
     'Reply with one action, as JSON such as {"action_type": "click", "index": 3} or as a call such as tap(3), '
     'type("hello"), scroll("down"), back(), home(), open_app("Contacts"), finish().'
 )
-_CALL = re.compile(r"([A-Za-z_]+)\s*\((.*)\)\s*$", re.S)
+# A call's name and opening parenthesis. The leftmost match always starts a run of letters, so matching only there
+# (and possessively) keeps the search linear: the plain pattern rescanned every suffix of a long word (20,000
+# letters: 4.5 s holding the GIL).
+_CALL_START = re.compile(r"(?<![A-Za-z_])([A-Za-z_]++)\s*+\(")
 
 
 class ActionError(ValueError):
@@ -85,6 +96,13 @@ def _str(value: Any, name: str) -> str:
     return value
 
 
+def _text(value: Any, name: str) -> str:
+    text = _str(value, name)
+    if len(text) > MAX_TEXT_CHARS:
+        raise ActionError(f"{name} is {len(text)} characters long; at most {MAX_TEXT_CHARS} fit.")
+    return text
+
+
 def _direction(value: Any) -> str:
     d = _str(value, "direction").strip().lower()
     if d not in _DIRECTIONS:
@@ -113,7 +131,7 @@ def _from_fields(fields: dict[str, Any]) -> Action:
         return Action(
             kind,
             index=None if index is None else _int(index, "index"),
-            text=_str(fields["text"], "text"),
+            text=_text(fields["text"], "text"),
             clear_text=bool(fields.get("clear_text", False)),
         )
     if kind in ("scroll", "swipe"):
@@ -128,7 +146,7 @@ def _from_fields(fields: dict[str, Any]) -> Action:
             raise ActionError(f"goal_status must be 'complete' or 'infeasible', got {status!r}.")
         return Action(kind, goal_status=status)
     if kind == "answer":
-        return Action(kind, text=_str(fields.get("text"), "text"))
+        return Action(kind, text=_text(fields.get("text"), "text"))
     return Action(kind)
 
 
@@ -140,6 +158,8 @@ def _parse_json(text: str) -> Action:
         fields = json.loads(text[start : end + 1])
     except json.JSONDecodeError as e:
         raise ActionError(f"invalid JSON ({e.msg} at character {e.pos}).") from None
+    except RecursionError:  # [[[[...]]]] nested past the interpreter's limit
+        raise ActionError("the JSON is nested too deeply.") from None
     if not isinstance(fields, dict):
         raise ActionError("the action must be a JSON object.")
     return _from_fields(fields)
@@ -203,9 +223,9 @@ def parse_action(text: str) -> Action:
         return _parse_json(stripped)
     for line in reversed(stripped.splitlines()):
         line = line.strip().removeprefix("Action:").strip().strip("`").strip()
-        match = _CALL.search(line)
+        match = _CALL_START.search(line) if line.endswith(")") else None
         if match:
-            return _parse_call(match.group(1), *_call_args(match.group(2)))
+            return _parse_call(match.group(1), *_call_args(line[match.end() : -1]))
     if "{" in stripped:
         return _parse_json(stripped)
     raise ActionError(f"cannot read an action in {stripped[:80]!r}. " + _HELP)

@@ -27,15 +27,16 @@ equivalence check by name, import path or callable. A problem may have several a
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.env import SharedResource, TextEnv
+from agentrl.env import ClientSetting, SharedResource, TextEnv
 
 from .generator import LEVELS, SPLITS, generate_problem
-from .grading import AnswerExtractor, AnswerVerifier, Grader, RewardConfig
+from .grading import DEFAULT_GRADE_BUDGET_S, AnswerExtractor, AnswerVerifier, Grader, RewardConfig
 from .problems import Problem, load_problems
 
 __all__ = ["MathEnv", "MathProblemSet", "ANSWER_INSTRUCTION"]
@@ -78,7 +79,8 @@ class MathEnv(TextEnv):
 
     ``info`` on reset: ``task_type`` (``"level<n>"``, ``"gsm8k"``, ``"math"`` or ``"dapo"``), ``problem_id``,
     ``level``, ``turn``. ``info`` on step adds ``extracted_answer`` (None when none was found), ``correct``,
-    ``followed_format`` (the reply has a non-empty ``\boxed{}``) and, on the last step,
+    ``followed_format`` (the reply has a non-empty ``\boxed{}``), ``grade_budget_exceeded`` (the reply was counted
+    wrong because grading hit its budget or a cost guard; ``grade_refused`` then says why) and, on the last step,
     ``success`` and ``gold_answer``.
 
     Args:
@@ -99,6 +101,10 @@ class MathEnv(TextEnv):
         verifier: how answers are compared: ``"default"``, ``"exact"``, a registered name, ``"module:function"`` or
             a callable (gold, predicted -> bool).
         shared: a prebuilt `MathProblemSet` for ``source`` (runner pools pass one per node); built if omitted.
+        grade_budget_s: the most seconds grading one reply may take, in a worker process that is killed past it
+            (`agentrl.budget`); such a reply counts as wrong and the step's ``info`` has ``grade_budget_exceeded``
+            True (also when a cheap guard refused the answer, see `costly_answer`, or a symbolic check timed out).
+            None grades in this process without a budget: only for trusted text. An operator setting.
     """
 
     system_prompt: ClassVar[str] = (
@@ -106,6 +112,20 @@ class MathEnv(TextEnv):
         "inside \\boxed{}, for example \\boxed{42}."
     )
     shared: ClassVar[type[SharedResource] | None] = MathProblemSet
+    # What a client of a served math env may set per session: data only. `source` (a file the server would read),
+    # `extractor` / `verifier` (import paths the server would run) and `verify_timeout_s` (how long one grading may
+    # hold a worker) stay with the operator's --env-arg.
+    client_settings: ClassVar[Mapping[str, ClientSetting]] = {
+        "split": ClientSetting(str, "procedural question set: train or test", choices=SPLITS),
+        "level": ClientSetting(int, "procedural difficulty, 1 to 5", choices=LEVELS),
+        "mode": ClientSetting(str, "single (one reply) or multi (feedback and another try)", choices=MODES),
+        "max_turns": ClientSetting(int, "replies allowed per episode in multi mode", min=1, max=20),
+        "strict": ClientSetting(bool, "count only answers inside \\boxed{}"),
+        "reward_correct": ClientSetting(float, "reward for a correct answer", min=-10.0, max=10.0),
+        "reward_wrong": ClientSetting(float, "reward for a wrong answer", min=-10.0, max=10.0),
+        "reward_no_answer": ClientSetting(float, "reward when no answer is found", min=-10.0, max=10.0),
+        "format_bonus": ClientSetting(float, "added to every reply with a non-empty \\boxed{}", min=-10.0, max=10.0),
+    }
 
     def __init__(
         self,
@@ -123,6 +143,7 @@ class MathEnv(TextEnv):
         extractor: str | AnswerExtractor = "default",
         verifier: str | AnswerVerifier = "default",
         shared: MathProblemSet | None = None,
+        grade_budget_s: float | None = DEFAULT_GRADE_BUDGET_S,
     ):
         if level not in LEVELS:
             raise ValueError(f"MathEnv level must be one of {LEVELS}, got {level!r}")
@@ -144,7 +165,8 @@ class MathEnv(TextEnv):
         self.verify_timeout_s = verify_timeout_s
         rewards = RewardConfig(correct=reward_correct, wrong=reward_wrong, no_answer=reward_no_answer,
                                format_bonus=format_bonus)
-        self.grader = Grader(extractor, verifier, rewards, strict=strict, verify_timeout_s=verify_timeout_s)
+        self.grader = Grader(extractor, verifier, rewards, strict=strict, verify_timeout_s=verify_timeout_s,
+                             budget_s=grade_budget_s)
         if self.source == "procedural":
             self._problem_set = None
         else:
@@ -193,7 +215,7 @@ class MathEnv(TextEnv):
         out_of_turns = self._turn >= self.max_turns
         if correct:
             observation, terminated, truncated = "Correct.", True, False
-        elif answer is None:
+        elif answer is None and not grade.budget_exceeded:  # a reply past the grading budget is wrong, not unanswered
             observation = f"No final answer found. {ANSWER_INSTRUCTION} For example: \\boxed{{42}}."
             terminated, truncated = False, out_of_turns
         elif self.mode == "single":
@@ -204,7 +226,10 @@ class MathEnv(TextEnv):
         if not (terminated or truncated) and self.mode == "multi":
             turns_left = self.max_turns - self._turn
             observation += f" ({turns_left} {'try' if turns_left == 1 else 'tries'} left.)"
-        info = self._info(extracted_answer=answer, correct=correct, followed_format=grade.followed_format)
+        info = self._info(extracted_answer=answer, correct=correct, followed_format=grade.followed_format,
+                          grade_budget_exceeded=grade.budget_exceeded)
+        if grade.refused is not None:
+            info["grade_refused"] = grade.refused
         if terminated or truncated:
             self._done, self._success = True, correct
             info.update(success=correct, gold_answer=problem.answer)

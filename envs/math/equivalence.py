@@ -8,7 +8,9 @@ Both answers are cleaned alike first (`normalize_answer`: a ``\boxed{}`` is unwr
    with a fractional part, also rounded to `FLOAT_ROUNDING` places, which is what math-verify does for floats
    (``0.0833333333333333`` equals ``\frac{1}{12}`` on both paths). This covers GSM8K and the procedural problems
    and takes microseconds.
-2. Otherwise math-verify (``verify(parse(gold), parse(pred))``, gold first) compares them symbolically.
+2. Otherwise math-verify (``verify(parse(gold), parse(pred))``, gold first) compares them symbolically, unless
+   `costly_answer` refuses the prediction first (a power of millions of digits, a huge factorial, 50-deep brackets,
+   over 1,000 characters): it then counts as no match, and `compare_answers` says why in `Match.refused`.
 
 Why a worker thread: math-verify bounds its own time with ``signal.alarm``, which only works on the main thread of
 the main interpreter (it raises inside Ray workers, thread pools, async runners) and would also cancel any alarm
@@ -16,7 +18,9 @@ the caller set (pytest-timeout's, for one). So we always call it with its timeou
 daemon thread that we wait on for at most `timeout_s`. A call that overruns is abandoned and counts as "no match".
 Python cannot kill a thread, so an abandoned call keeps a core busy until sympy returns; to keep a pathological
 answer stream from piling these up, symbolic checks are refused (answer: no match) while `MAX_ABANDONED_CHECKS`
-of them are still running.
+of them are still running. Work that holds the GIL inside one C call (a big-integer power) cannot be bounded by a
+thread at all: `MathEnv` therefore grades in a worker process under a hard budget (`agentrl.budget`), and the guards
+above keep the common hostile answers from getting that far.
 """
 
 from __future__ import annotations
@@ -25,12 +29,23 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TypeVar
 
 from .extract import boxed_list, clean_answer
+from .guards import costly_answer
 
-__all__ = ["FLOAT_ROUNDING", "MAX_ABANDONED_CHECKS", "answers_match", "as_number", "match_any", "normalize_answer"]
+__all__ = [
+    "FLOAT_ROUNDING",
+    "MAX_ABANDONED_CHECKS",
+    "Match",
+    "answers_match",
+    "as_number",
+    "compare_answers",
+    "match_any",
+    "normalize_answer",
+]
 
 FLOAT_ROUNDING = 6
 """Decimal places at which a decimal answer is compared with an exact one (math-verify's default)."""
@@ -50,7 +65,8 @@ _GROUPED_RE = re.compile(
     r"^[-+]?\d{1,3}(?:(?:,|\\,|\{,\}|\\ |\\!)\d{3})+(?:\.\d+)?$|^[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?$"
 )
 _GROUP_SEPARATOR_RE = re.compile(r",|\\,|\{,\}|\\ |\\!| ")
-_OPERATOR_SPACE_RE = re.compile(r"(?<=[-+])\s+|\s+(?=/)|(?<=/)\s+")
+# Each run of spaces is tried once, from its start, and never given back (possessive): "1" + 10^5 spaces stays linear.
+_OPERATOR_SPACE_RE = re.compile(r"(?<=[-+])\s++|(?<!\s)\s++(?=/)|(?<=/)\s++")
 _LATEX_FRACTION_RE = re.compile(r"^([-+]?)\\[dt]?frac\s*(?:\{\s*([-+]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))$")
 _T = TypeVar("_T")
 
@@ -105,6 +121,20 @@ def as_number(answer: str) -> Fraction | None:
     return None
 
 
+@dataclass(frozen=True)
+class Match:
+    """The verdict of `compare_answers`.
+
+    Attributes:
+        equal: the answers are equivalent.
+        refused: why the prediction was counted as no match without evaluating it symbolically (`costly_answer`'s
+            reason, or "symbolic check ran past N s"); None when it was judged on its merits.
+    """
+
+    equal: bool
+    refused: str | None = None
+
+
 def answers_match(gold: str, predicted: str | None, timeout_s: float = 2.0) -> bool:
     r"""True when `predicted` is mathematically equivalent to `gold`; safe to call from any thread.
 
@@ -124,23 +154,38 @@ def answers_match(gold: str, predicted: str | None, timeout_s: float = 2.0) -> b
         >>> answers_match("18", "17")
         False
     """
+    return compare_answers(gold, predicted, timeout_s).equal
+
+
+def compare_answers(gold: str, predicted: str | None, timeout_s: float = 2.0) -> Match:
+    r"""`answers_match`, saying also when the prediction was refused as too costly to evaluate (see `Match`).
+
+    Examples:
+        >>> compare_answers("5", "2+3")
+        Match(equal=True, refused=None)
+        >>> compare_answers("5", r"9^{4\cdot 9^{7}}")
+        Match(equal=False, refused='a number of about 18,256,449 digits')
+    """
     if predicted is None or gold is None:
-        return False
+        return Match(False)
     # The common case first: two plain numbers need no cleaning (microseconds per check).
     numeric = _numbers_match(gold, predicted)
     if numeric is not None:
-        return numeric
+        return Match(numeric)
     gold, predicted = normalize_answer(gold), normalize_answer(predicted)
     if not gold or not predicted:
-        return False
+        return Match(False)
     if _squash(gold) == _squash(predicted):
-        return True
+        return Match(True)
     numeric = _numbers_match(gold, predicted)
     if numeric is not None:
-        return numeric
+        return Match(numeric)
+    refused = costly_answer(predicted)  # the gold is the operator's; only the model's answer is guarded
+    if refused is not None:
+        return Match(False, refused)
     _import_math_verify()  # outside the timed thread: the first import alone can take seconds on a busy machine
-    verdict = _run_bounded(lambda: _math_verify(gold, predicted), timeout_s)
-    return bool(verdict)
+    finished, verdict = _run_bounded(lambda: _math_verify(gold, predicted), timeout_s)
+    return Match(bool(verdict), None if finished else f"symbolic check ran past {timeout_s:g} s")
 
 
 def match_any(golds: Sequence[str], predicted: str | None, timeout_s: float = 2.0) -> bool:
@@ -203,15 +248,15 @@ def _math_verify(gold: str, predicted: str) -> bool:
     return verify(gold_parsed, predicted_parsed, timeout_seconds=None)
 
 
-def _run_bounded(fn: Callable[[], _T], timeout_s: float) -> _T | None:
-    """Run `fn` on a daemon thread; its result, or None if it raised or ran past `timeout_s`."""
+def _run_bounded(fn: Callable[[], _T], timeout_s: float) -> tuple[bool, _T | None]:
+    """Run `fn` on a daemon thread: (finished in time, its result or None if it raised or ran past `timeout_s`)."""
     with _abandoned_lock:
         _abandoned[:] = [t for t in _abandoned if t.is_alive()]
         if len(_abandoned) >= MAX_ABANDONED_CHECKS:
             _logger.warning(
                 "%d symbolic answer checks are still running past their time; refusing new ones", MAX_ABANDONED_CHECKS
             )
-            return None
+            return False, None
     result: list[_T] = []
 
     def target() -> None:
@@ -227,5 +272,5 @@ def _run_bounded(fn: Callable[[], _T], timeout_s: float) -> _T | None:
         with _abandoned_lock:
             _abandoned.append(worker)
         _logger.warning("symbolic answer check ran past %.1f s; counted as no match", timeout_s)
-        return None
-    return result[0] if result else None
+        return False, None
+    return True, (result[0] if result else None)
