@@ -410,3 +410,45 @@ def test_webshop_scoring_is_bounded_by_the_catalogue():
         score_breakdown(env.goal, products[0], {f"o{i}": "x" for i in range(MAX_OPTIONS + 1)})
     with pytest.raises(ValueError, match="characters"):
         score_breakdown(env.goal, products[0], {"size": "x" * 10**6})
+
+
+# ------------------------------------------------------------------------- counted in a rollout's metrics
+
+class _FixedReplyEngine:
+    """Replies the same text to every prompt (a policy that writes one hostile answer)."""
+
+    def __init__(self, tokenizer, text: str):
+        from agentrl.engine.base import Generation
+
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) + (end,)
+        self.reply = Generation(ids, tuple(-0.5 for _ in ids), "stop")
+        self.policy_version = 0
+
+    def generate(self, prompts, params):
+        return [self.reply for _ in prompts]
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.policy_version = version
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def clear_cache(self) -> None:
+        pass
+
+
+def test_a_rollout_counts_the_grades_that_hit_the_budget(qwen3_tokenizer):
+    from agentrl.engine.base import SamplingParams
+    from agentrl.engine.requests import BatchedRequests
+    from agentrl.rollout.loop import run_rollout
+    from agentrl.rollout.pool import EnvMaker, LocalPool
+
+    for reply, counted in ((r"\boxed{9^{4\cdot 9^{7}}}", 4), (r"\boxed{3}", 0)):
+        with LocalPool(EnvMaker("math"), slots=2) as pool:
+            result = run_rollout(pool, "math", [0, 1], 2, BatchedRequests(_FixedReplyEngine(qwen3_tokenizer, reply)),
+                                 qwen3_tokenizer, SamplingParams(temperature=0, seed=1), max_turns=1)
+        assert len(result.trajectories) == 4 and result.stats.errors == 0
+        assert result.stats.metrics()["grades_over_budget"] == counted
+        if counted:
+            assert all(t.total_return == 0.0 and not t.success for t in result.trajectories)

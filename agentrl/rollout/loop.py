@@ -131,6 +131,8 @@ class RolloutStats:
         errors: failed env calls (raised, timed out, runner died).
         retries: episodes re-run from their seed.
         dropped_groups: groups dropped whole after too many failures.
+        grades_over_budget: steps whose reward was graded wrong because grading hit its time budget or a cost
+            guard (the env's ``info["grade_budget_exceeded"]``, see `agentrl.budget`).
         failures: one line per failure (kind, seed, message), oldest first.
         seconds: wall time of the whole rollout.
         engine: the engine's own metrics for this rollout (weight-sync seconds, prefix-cache hit rate), filled in
@@ -146,6 +148,7 @@ class RolloutStats:
     errors: int = 0
     retries: int = 0
     dropped_groups: int = 0
+    grades_over_budget: int = 0
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
     engine: dict[str, float] = field(default_factory=dict)
@@ -161,7 +164,8 @@ class RolloutStats:
         elapsed = max(self.seconds, 1e-9)
         return {"env_steps_per_s": self.env_steps / elapsed, "tokens_per_s": self.generated_tokens / elapsed,
                 "env_errors": float(self.errors), "episode_retries": float(self.retries),
-                "dropped_groups": float(self.dropped_groups), **self.engine}
+                "dropped_groups": float(self.dropped_groups), "grades_over_budget": float(self.grades_over_budget),
+                **self.engine}
 
 
 @dataclass(frozen=True)
@@ -366,6 +370,7 @@ class _Rollout:
     def _on_step(self, ep: _Episode, res: StepResult) -> None:
         self.stats.env_steps += 1
         self.stats.env_seconds += res.seconds
+        self.stats.grades_over_budget += bool(res.info.get("grade_budget_exceeded", False))
         ep.turns.append(ep.pending_turn.completed(res))
         ep.pending_turn = None
         if res.terminated or res.truncated:

@@ -80,7 +80,8 @@ SINGLE_THREAD_KEY = "single_thread"
 
 # Only these info keys travel back to the driver: the rollout loop needs nothing else, and an info may hold large
 # objects (screenshots) that would cost a copy per step.
-_INFO_KEYS = ("success", "task_type", "tools")  # "tools": an env asking for function calls
+# "tools": an env asking for function calls; "grade_budget_exceeded": a reward graded wrong past its budget (counted).
+_INFO_KEYS = ("success", "task_type", "tools", "grade_budget_exceeded")
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class StepResult:
         reward: the step's reward.
         terminated: the task ended.
         truncated: a budget ran out.
-        info: the `info` keys the rollout uses (``success``, ``task_type``).
+        info: the `info` keys the rollout uses (``success``, ``task_type``, ``tools``, ``grade_budget_exceeded``).
         seconds: wall time of the env call inside the runner.
         system_prompt: the env's `system_prompt` (on `reset` results only).
     """
