@@ -427,7 +427,7 @@ def check_template(
 @app.command("serve")
 def serve_(
     model: str = typer.Option(..., "--model", help="Built-in model, run checkpoint folder or hub id."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (keep it on loopback: there is no authentication)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; any other than loopback needs --token."),
     port: int = typer.Option(8000, help="Port (0 picks a free one)."),
     engine: str = typer.Option("auto", "--engine", help="Inference engine: auto (vLLM where it serves the model), "
                                                         "hf or vllm."),
@@ -439,6 +439,17 @@ def serve_(
     max_context_tokens: int = typer.Option(4096, "--max-context-tokens", help="Longest prompt + reply per call."),
     record: str = typer.Option("", "--record", help="Append every sampled call as a JSON line to this file."),
     seed: int = typer.Option(0, "--seed", help="Engine seed."),
+    token: str = typer.Option("", "--token", envvar="AGENTRL_SERVE_TOKEN", show_default=False,
+                              help="Bearer token clients must send as their API key (env var AGENTRL_SERVE_TOKEN)."),
+    allowed_host: list[str] = typer.Option(
+        [], "--allowed-host", help="Another name clients may call the server by in the Host header (repeatable; "
+                                   "loopback names, or the bound name, always pass; '*' allows any)."),
+    max_sessions: int = typer.Option(10_000, "--max-sessions", help="Sessions kept in memory (least recently used "
+                                                                    "evicted past it; --record keeps them on disk)."),
+    max_session_calls: int = typer.Option(1_000, "--max-session-calls", help="Calls one session may make."),
+    max_memory_mib: int = typer.Option(1024, "--max-memory-mib",
+                                       help="MiB of recorded calls kept in memory (least recently used sessions "
+                                            "evicted past it)."),
 ) -> None:
     """Serve a model behind an OpenAI-compatible /v1/chat/completions and /v1/completions, recording every call."""
     from agentrl.config import ConfigError, ContextConfig, EngineConfig
@@ -450,7 +461,9 @@ def serve_(
         cfg = ServeConfig(model=model, engine=EngineConfig(kind=engine, dtype=engine_dtype, replicas=engines),
                           context=ContextConfig(chat_family=family, enable_thinking=thinking,
                                                 max_context_tokens=max_context_tokens),
-                          host=host, port=port, max_tokens=max_tokens, seed=seed, record=record)
+                          host=host, port=port, max_tokens=max_tokens, seed=seed, record=record, token=token,
+                          allowed_hosts=tuple(allowed_host), max_sessions=max_sessions,
+                          max_session_calls=max_session_calls, max_memory_mib=max_memory_mib)
         serve(cfg, say=typer.echo)
     except (ServeError, ConfigError, UnknownModelError) as e:
         _fail(str(e))
@@ -485,6 +498,12 @@ def env_serve(
                               help="Bearer token clients must send (env var AGENTRL_ENV_TOKEN)."),
     max_rss_gib: float = typer.Option(0.0, "--max-rss-gib", help="Refuse new sessions above this memory (0: off)."),
     threads: int = typer.Option(8, "--threads", help="Worker threads stepping the envs."),
+    allowed_host: list[str] = typer.Option(
+        [], "--allowed-host", help="Another name clients may call the server by in the Host header (repeatable; "
+                                   "loopback names, or the bound name, always pass; '*' allows any)."),
+    max_body_mib: float = typer.Option(8.0, "--max-body-mib", help="Largest request body and WebSocket message."),
+    read_timeout: float = typer.Option(30.0, "--read-timeout",
+                                       help="Seconds a client may take to send a request's headers, and its body."),
 ) -> None:
     """Serve an env over HTTP (agentrl's --env http://HOST:PORT/NAME) and WebSocket (OpenEnv clients)."""
     import agentrl
@@ -494,8 +513,15 @@ def env_serve(
     except ImportError as e:
         _fail(f"agentrl env serve needs FastAPI and uvicorn: pip install 'agentrl[serve]' ({e})")
     try:
+        from agentrl.http_guard import HttpLimits
+
+        if not (max_body_mib > 0 and read_timeout > 0):
+            _fail(f"--max-body-mib and --read-timeout must be > 0, got {max_body_mib} and {read_timeout}")
+        limits = HttpLimits(max_body_bytes=int(max_body_mib * 2**20), ws_max_size=int(max_body_mib * 2**20),
+                            header_timeout=read_timeout, body_timeout=read_timeout)
         settings = ServeSettings(env, _parse_kwargs(env_arg), host=host, port=port, max_sessions=max_sessions,
-                                 idle_timeout=idle_timeout, token=token, max_rss_gib=max_rss_gib, threads=threads)
+                                 idle_timeout=idle_timeout, token=token, max_rss_gib=max_rss_gib, threads=threads,
+                                 allowed_hosts=tuple(allowed_host), limits=limits)
         serve(settings, announce=lambda line: typer.echo(line, err=True))
     except ServeError as e:
         _fail(str(e))

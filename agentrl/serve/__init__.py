@@ -4,6 +4,7 @@
 * `agentrl.serve.engine_client`: one thread owns the `RequestEngine`; HTTP handler threads wait on futures.
 * `agentrl.serve.sessions`: renders messages with the family's official template, keeps a session's sampled ids where
   the new prompt extends them, records every call and turns a session into training samples with its drift report.
-* `agentrl.serve.server`: the HTTP server (``agentrl serve``), on 127.0.0.1 by default.
+* `agentrl.serve.server`: the HTTP server (``agentrl serve``): uvicorn behind `agentrl.http_guard`, on 127.0.0.1 by
+  default, a bearer token to bind wider; its docstring says what a client can and cannot make it do.
 * `agentrl.serve.agents`: ``agentrl run --agent module:function``: agent functions as the rollout.
 """

@@ -29,6 +29,7 @@ import inspect
 import json
 import logging
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -202,7 +203,7 @@ class AgentRollout:
         self.policy = PolicyServer(
             self.client, recorder, model_name, defaults=sampling_for_step(start_step),
             max_context_tokens=max_context_tokens, forced_sampling=sampling_for_step(start_step),
-            session_gate=self._gate, on_record=self._on_record)
+            session_gate=self._gate, on_record=self._on_record, anonymous=False)
         self.server: RunningServer = start_server(self.policy)
         self._loop: asyncio.AbstractEventLoop | None = None
         if self.is_async:
@@ -297,7 +298,8 @@ class AgentRollout:
 
     def _start(self, step: int, seed: int, group: int, index: int, attempt: int) -> _Session:
         """A new session for one attempt at one episode, its agent running."""
-        session = f"step{step}-g{group}-e{index}-a{attempt}"
+        # A random part: another process on this machine cannot guess a running episode's session to write into it.
+        session = f"step{step}-g{group}-e{index}-a{attempt}-{secrets.token_hex(8)}"
         with self._lock:
             self._calls[session] = 0
         try:
@@ -317,6 +319,8 @@ class AgentRollout:
             self._closed_sessions.add(s.task.session)
             n_calls = self._calls.pop(s.task.session, 0)
         log_ = self.policy.recorder.pop(s.task.session)
+        if log_ is None and n_calls and not s.kind:  # evicted over the recorder's caps: its calls are gone
+            s.kind, s.error = "agent_error", "the session was evicted over the server's memory caps"
         if s.task._env is not None:
             s.task._env.close()
         reward, success = self._score(s, n_calls)

@@ -1,50 +1,93 @@
 """The OpenAI-compatible HTTP server: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
 
 Sessions: a call belongs to the session its path names (``/s/<session>/v1/...``, so an agent's ``base_url`` carries
-it) or its ``X-Session-Id`` header; a call with neither is a session of its own. Every sampled choice is recorded
+it) or its ``X-Session-Id`` header; a call with neither is a session of its own, with an unguessable id
+(``anon-`` and 128 random bits, returned in the answer's ``agentrl.session``). Every sampled choice is recorded
 (`agentrl.serve.sessions.Recorder`); ``GET /agentrl/sessions/<session>`` returns the session's drift report.
 
 The engines sample whole replies (no token-by-token streaming out of the engine), so a streamed answer is sent as
 server-sent events once the reply is sampled: the same chunks an OpenAI stream has (role, content pieces, tool-call
 deltas, the finish reason, usage when asked), with no earlier first token.
 
-The standard library's `ThreadingHTTPServer` serves it: one thread per connection, each waiting on the engine
-thread (`agentrl.serve.engine_client.EngineClient`), which batches concurrent calls. It binds 127.0.0.1 by default:
-it runs arbitrary prompts on the policy and has no authentication.
+uvicorn serves it (FastAPI routes, a listen backlog of 2048), behind the HTTP guard the env server shares
+(`agentrl.http_guard`); each call's blocking work (parsing, rendering, waiting on the engine thread,
+`agentrl.serve.engine_client.EngineClient`, which batches concurrent calls) runs on a thread pool, so calls are
+served concurrently and ``/health`` answers while the engine is busy.
+
+What a client can and cannot do:
+
+* **Bind and token.** It binds 127.0.0.1 by default. With a token (``--token`` or ``AGENTRL_SERVE_TOKEN``), every
+  route but ``GET /health`` needs ``Authorization: Bearer TOKEN`` (the official client's ``api_key``), drift reports
+  included; the server refuses to bind anything but loopback without one. Without a token, any process on this
+  machine can call it, and read or write any session whose id it knows.
+* **Sessions.** With a token, only its holders read or write sessions, by any id. Named sessions (path or header)
+  are as secret as their names: anyone allowed to call the server who knows a name can add calls to that session
+  and read its report; anonymous ids cannot be guessed. Agent runs (`agentrl.serve.agents`) give every episode a
+  session id with a random part, refuse calls to sessions that are not running, and refuse anonymous calls.
+* **Requests.** Hosts other than this server's names are refused (DNS rebinding), as are cross-site ``Origin``
+  headers, malformed or over-long ``Content-Length`` and bodies over the limit (`agentrl.http_guard`). Every
+  sampling setting is checked finite and in range, token ids against the vocabulary, nesting depth, and the prompt's
+  characters before it is tokenized (`agentrl.serve.protocol`); a bad value is a 400 in OpenAI's error shape naming
+  the parameter. Answers are strict JSON, never ``NaN``.
+* **Memory.** The recorder keeps at most ``max_sessions`` sessions and ``max_bytes`` of records, each session at
+  most ``max_calls_per_session`` calls; older sessions are evicted to the record file (or counted and logged when
+  there is none), and ``/health`` reports the counts.
+* **Cannot**: run anything but the policy on its prompts, read files, choose the engine's settings beyond the
+  sampling parameters (in training, the run's sampling replaces them), or see other processes' data.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import logging
+import math
 import secrets
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response, StreamingResponse
 
 from agentrl.engine.base import EngineResult, SamplingParams
+from agentrl.http_guard import HttpGuard, HttpLimits, allowed_hosts, bind_socket, check_bind, uvicorn_server
 from agentrl.serve.engine_client import EngineClient
 from agentrl.serve.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
+    RequestLimits,
+    decode_body,
+    dump_json,
     parse_chat_request,
     parse_completion_request,
 )
-from agentrl.serve.sessions import CallRecord, Prepared, Recorder
+from agentrl.serve.sessions import CallRecord, Prepared, PromptTooLong, Recorder, SessionFull
 
-__all__ = ["PolicyServer", "RunningServer", "start_server", "SESSION_HEADER"]
+__all__ = ["PolicyServer", "RunningServer", "ServerStartError", "start_server", "build_app", "SESSION_HEADER",
+           "TOKEN_ENV_VAR", "MAX_SESSION_CHARS"]
+
+_logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Session-Id"
 """The header naming a call's session (the ``/s/<session>`` path prefix does the same)."""
-_MAX_BODY = 64 * 2**20
+TOKEN_ENV_VAR = "AGENTRL_SERVE_TOKEN"
+"""The environment variable ``agentrl serve`` reads its bearer token from (as ``--token``)."""
+MAX_SESSION_CHARS = 256
+"""Longest session id a client may name."""
 _STREAM_PIECE = 16  # characters of content per streamed chunk
+
+
+class ServerStartError(RuntimeError):
+    """The server cannot start (a wider bind without a token, a port taken); the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -66,26 +109,46 @@ class PolicyServer:
         forced_sampling: training: these settings replace the request's temperature / top-p / top-k / min-p and
             penalties, and cap its max_tokens, so the policy trained is the one configured (None: requests decide).
         session_gate: ``session -> reason or None``: refuses calls to sessions that are closed (agent runs).
-        record_path: append every record as a JSON line here (None: keep them in memory only).
+        record_path: append every record as a JSON line here (None: keep them in memory only); sessions the
+            recorder evicts over its caps are then already on disk.
         on_record: called with every record (agent runs count calls per session).
+        chars_per_token: a prompt may hold at most ``max_context_tokens * chars_per_token`` characters, checked
+            before anything is tokenized (generous: text averages about 4 characters a token).
+        anonymous: serve calls that name no session (each its own session, with an unguessable id); agent runs,
+            whose every call names its episode's session, refuse them.
     """
 
     def __init__(self, client: EngineClient, recorder: Recorder, model_name: str, *, defaults: SamplingParams,
                  max_context_tokens: int = 4096, forced_sampling: SamplingParams | None = None,
                  session_gate: Callable[[str], str | None] | None = None, record_path: str | Path | None = None,
-                 on_record: Callable[[CallRecord], None] | None = None):
+                 on_record: Callable[[CallRecord], None] | None = None, chars_per_token: int = 32,
+                 anonymous: bool = True):
+        if max_context_tokens < 2 or chars_per_token < 1:
+            raise ValueError(f"max_context_tokens must be >= 2 and chars_per_token >= 1, got {max_context_tokens}, "
+                             f"{chars_per_token}")
         self.client, self.recorder, self.model_name = client, recorder, model_name
         self.defaults, self.max_context_tokens = defaults, max_context_tokens
         self.forced_sampling, self.session_gate = forced_sampling, session_gate
         self.record_path = Path(record_path) if record_path else None
+        if self.record_path is not None:
+            recorder.saved_to = self.record_path  # every record is on disk as made: eviction loses nothing
         self.on_record = on_record
+        self.anonymous = anonymous
+        self.limits = RequestLimits(max_new_tokens=max_context_tokens, vocab_size=len(recorder.renderer.tokenizer),
+                                    max_prompt_chars=max_context_tokens * chars_per_token,
+                                    max_prompt_tokens=max_context_tokens, max_messages=max_context_tokens)
         self._write_lock = threading.Lock()
 
     # ---- shared steps --------------------------------------------------------------------------------------------
 
     def _session(self, session: str | None) -> str:
         if session is None:
+            if not self.anonymous:
+                raise ApiError("this server serves named sessions only: use the base_url you were given "
+                               "(/s/<session>/v1)", status=403, code="session_required")
             return self.recorder.anonymous()
+        if not 0 < len(session) <= MAX_SESSION_CHARS or not session.isprintable():
+            raise ApiError(f"a session id must be 1 to {MAX_SESSION_CHARS} printable characters", param="session")
         if self.session_gate is not None:
             reason = self.session_gate(session)
             if reason is not None:
@@ -112,28 +175,45 @@ class PolicyServer:
                                         else dataclasses.replace(params, seed=params.seed + i), engine_session)
                    for i in range(n)]
         try:
-            return [f.result() for f in futures]
+            results = [f.result() for f in futures]
         except Exception as e:  # the engine's failure, said as a server error (never a traceback)
             raise ApiError(f"the engine failed: {type(e).__name__}: {e}", status=500, type_="server_error") from None
+        for r in results:  # never record, nor send, a NaN / infinite log-prob (it is not JSON, nor a usable mu)
+            if not all(math.isfinite(lp) for lp in r.generation.logprobs):
+                raise ApiError("the engine returned a non-finite log-prob for this call; it was not recorded "
+                               "(check the sampling settings and the model's weights)", status=500,
+                               type_="server_error", code="non_finite")
+        return results
 
     def _keep(self, rec: CallRecord) -> None:
         if self.record_path is not None:
+            line = json.dumps(rec.to_json(), ensure_ascii=False, allow_nan=False) + "\n"
             with self._write_lock, open(self.record_path, "a") as f:
-                f.write(json.dumps(rec.to_json(), ensure_ascii=False) + "\n")
+                f.write(line)
         if self.on_record is not None:
             self.on_record(rec)
+
+    def _next_call(self, session: str) -> int:
+        try:
+            return self.recorder.next_call(session)
+        except SessionFull as e:
+            raise ApiError(str(e), param="session", code="session_full") from None
 
     # ---- chat ----------------------------------------------------------------------------------------------------
 
     def chat(self, body: Any, session: str | None) -> tuple[ChatRequest, list[_Choice], int, str]:
         """Sample a chat call; returns (request, choices, prompt tokens, session)."""
-        request = parse_chat_request(body, self.defaults, self.max_context_tokens)
+        request = parse_chat_request(body, self.defaults, self.limits)
         session = self._session(session)
-        call = self.recorder.next_call(session)
+        call = self._next_call(session)
         try:
-            prepared = self.recorder.prepare_chat(session, request.messages, request.tools)
+            prepared = self.recorder.prepare_chat(session, request.messages, request.tools,
+                                                  max_chars=self.limits.max_prompt_chars)
+        except PromptTooLong as e:
+            raise ApiError(str(e), param="messages", code="context_length_exceeded") from None
         except Exception as e:  # the template refused the conversation (e.g. a role order it raises on)
-            raise ApiError(f"the chat template cannot render these messages: {e}", param="messages") from None
+            raise ApiError(f"the chat template cannot render these messages: {str(e)[:500]}",
+                           param="messages") from None
         results = self._sample(session, prepared, self._params(request.sampling, session, call), request.n)
         choices = []
         for i, result in enumerate(results):
@@ -219,13 +299,10 @@ class PolicyServer:
 
     def completion(self, body: Any, session: str | None) -> tuple[CompletionRequest, list[CallRecord], int]:
         """Sample a completions call; returns (request, records, prompt tokens)."""
-        request = parse_completion_request(body, self.defaults, self.max_context_tokens)
+        request = parse_completion_request(body, self.defaults, self.limits)  # ids checked against the vocabulary
         session = self._session(session)
-        call = self.recorder.next_call(session)
+        call = self._next_call(session)
         prepared = self.recorder.prepare_completion(session, request.prompt)
-        vocab = len(self.recorder.renderer.tokenizer)
-        if any(t >= vocab for t in prepared.prompt_ids):
-            raise ApiError(f"'prompt' holds token ids outside the vocabulary (size {vocab})", param="prompt")
         results = self._sample(session, prepared, self._params(request.sampling, session, call), request.n)
         records = []
         for i, result in enumerate(results):
@@ -256,122 +333,156 @@ class PolicyServer:
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
 
+    def health(self) -> dict[str, Any]:
+        """``/health``: status, the engine's policy version and the recorder's counters (no session ids)."""
+        rec = self.recorder
+        return {"status": "ok", "policy_version": self.client.policy_version, "sessions": len(rec.sessions()),
+                "bytes_kept": rec.bytes_kept, "max_bytes": rec.max_bytes, "sessions_evicted": rec.evicted,
+                "sessions_evicted_unsaved": rec.evicted_unsaved}
+
     def models(self) -> dict[str, Any]:
         """The ``/v1/models`` list: the one policy."""
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "agentrl"}]}
 
 
-def _route(path: str) -> tuple[str | None, str]:
-    """(session from a ``/s/<session>`` prefix or None, the rest of the path)."""
-    parts = urlparse(path).path.split("/")
-    if len(parts) > 3 and parts[1] == "s" and parts[2]:
-        return unquote(parts[2]), "/" + "/".join(parts[3:])
-    return None, urlparse(path).path
+_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found", 405: "not_found",
+          408: "timeout", 413: "request_too_large", 421: "misdirected_request", 431: "request_too_large"}
 
 
-def _handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "agentrl-serve"
-        # Headers and body leave in separate writes: with Nagle's algorithm on, the body waits for the client's
-        # delayed ACK (~40 ms a call on Linux).
-        disable_nagle_algorithm = True
+def openai_error(status: int, message: str) -> dict[str, Any]:
+    """A refusal by the HTTP guard, in OpenAI's error shape (what the official client reads)."""
+    kind = "server_error" if status >= 500 else "authentication_error" if status == 401 else "invalid_request_error"
+    return ApiError(message, status=status, type_=kind, code=_CODES.get(status)).body()
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
-            pass  # quiet: the recorder keeps what matters
 
-        def _json(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+def _json(payload: Any, status: int = 200) -> Response:
+    try:
+        data = dump_json(payload)
+    except ApiError as e:  # a NaN in an answer: said as an error, never sent
+        status, data = e.status, dump_json(e.body())
+    return Response(data, status_code=status, media_type="application/json")
 
-        def _error(self, e: ApiError) -> None:
-            self._json(e.status, e.body())
 
-        def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for item in [*(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks), "data: [DONE]\n\n"]:
-                data = item.encode("utf-8")
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.write(b"0\r\n\r\n")
+def _error(e: ApiError) -> Response:
+    return _json(e.body(), e.status)
 
-        def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > _MAX_BODY:
-                raise ApiError(f"the request body is over {_MAX_BODY // 2**20} MiB", status=413)
-            raw = self.rfile.read(length)
-            try:
-                return json.loads(raw or b"null")
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ApiError(f"the request body is not valid JSON ({e})") from None
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            _, path = _route(self.path)
-            if path in ("/v1/models", "/models"):
-                self._json(200, server.models())
-            elif path == "/health":
-                self._json(200, {"status": "ok", "policy_version": server.client.policy_version})
-            elif path.startswith("/agentrl/sessions/"):
-                session = unquote(path[len("/agentrl/sessions/"):])
-                if session not in server.recorder.sessions():
-                    self._error(ApiError(f"no session {session!r}", status=404, code="not_found"))
-                else:
-                    self._json(200, server.recorder.session(session).report().to_json())
-            else:
-                self._error(ApiError(f"no such route: GET {path}", status=404, code="not_found"))
+def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events of `chunks`, every one encoded (strict JSON) before the first byte is sent."""
+    pieces = [b"data: " + dump_json(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            session, path = _route(self.path)
-            session = session or self.headers.get(SESSION_HEADER) or None
-            try:
-                body = self._body()
-                if path in ("/v1/chat/completions", "/chat/completions"):
-                    request, choices, prompt_tokens, session = server.chat(body, session)
-                    if request.stream:
-                        self._stream(server.chat_chunks(request, choices, prompt_tokens, session))
-                    else:
-                        self._json(200, server.chat_response(request, choices, prompt_tokens, session))
-                elif path in ("/v1/completions", "/completions"):
-                    request, records, prompt_tokens = server.completion(body, session)
-                    response = server.completion_response(request, records, prompt_tokens)
-                    if request.stream:
-                        self._stream(iter([response | {"object": "text_completion"}]))
-                    else:
-                        self._json(200, response)
-                else:
-                    raise ApiError(f"no such route: POST {path}", status=404, code="not_found")
-            except ApiError as e:
-                self._error(e)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client went away; its records are kept
-            except Exception as e:  # a bug here must still answer in the API's shape, never a traceback
-                self._error(ApiError(f"internal error: {type(e).__name__}: {e}", status=500, type_="server_error"))
+    async def events() -> Any:
+        for piece in pieces:
+            yield piece
 
-    return Handler
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _answer(policy: PolicyServer, kind: str, raw: bytes, session: str | None) -> Response:
+    """One POST, start to end (on a worker thread): body -> checked request -> sampled, recorded -> response."""
+    try:
+        body = decode_body(raw)
+        if kind == "chat":
+            request, choices, prompt_tokens, session = policy.chat(body, session)
+            if request.stream:
+                return _sse(policy.chat_chunks(request, choices, prompt_tokens, session))
+            return _json(policy.chat_response(request, choices, prompt_tokens, session))
+        request, records, prompt_tokens = policy.completion(body, session)
+        response = policy.completion_response(request, records, prompt_tokens)
+        return _sse(iter([response])) if request.stream else _json(response)
+    except ApiError as e:
+        return _error(e)
+    except Exception as e:  # a bug here must still answer in the API's shape, never a traceback
+        _logger.exception("agentrl serve: internal error")
+        return _error(ApiError(f"internal error ({type(e).__name__}); the server log has the details", status=500,
+                               type_="server_error"))
+
+
+def build_app(policy: PolicyServer, *, threads: int = 64) -> FastAPI:
+    """The FastAPI app serving `policy` (unguarded: `start_server` wraps it in `agentrl.http_guard.HttpGuard`).
+
+    Args:
+        policy: what the routes call.
+        threads: worker threads for the blocking part of calls (parsing, rendering, waiting on the engine): the
+            most calls in flight at once; more wait for a thread.
+    """
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentrl-serve")
+    app = FastAPI(title="agentrl serve", docs_url=None, redoc_url=None)
+    app.state.pool = pool
+
+    async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
+        if exc.status_code in (404, 405):
+            return _error(ApiError(f"no such route: {request.method} {request.url.path[:200]}", status=404,
+                                   code="not_found"))
+        return _error(ApiError(str(exc.detail), status=exc.status_code))
+
+    @app.get("/health")
+    async def health() -> Any:
+        return _json(policy.health())
+
+    def session_of(request: Request) -> str | None:
+        return request.path_params.get("session") or request.headers.get(SESSION_HEADER)
+
+    async def models(request: Request) -> Any:
+        return _json(policy.models())
+
+    async def chat(request: Request) -> Any:
+        raw = await request.body()
+        return await off_loop(_answer, policy, "chat", raw, session_of(request))
+
+    async def completions(request: Request) -> Any:
+        raw = await request.body()
+        return await off_loop(_answer, policy, "completion", raw, session_of(request))
+
+    for prefix in ("", "/s/{session}"):
+        for base in ("/v1", ""):
+            app.add_api_route(f"{prefix}{base}/models", models, methods=["GET"])
+            app.add_api_route(f"{prefix}{base}/chat/completions", chat, methods=["POST"])
+            app.add_api_route(f"{prefix}{base}/completions", completions, methods=["POST"])
+
+    @app.get("/agentrl/sessions/{session}")
+    async def report(session: str) -> Any:
+        log = policy.recorder.find(session)
+        if log is None:
+            return _error(ApiError(f"no session {session[:MAX_SESSION_CHARS]!r}", status=404, code="not_found"))
+        return _json(await off_loop(lambda: log.report().to_json()))
+
+    return app
 
 
 @dataclass
 class RunningServer:
-    """A server on a background thread; `url` is its ``/v1`` base URL without a session."""
+    """A server on a background thread; `url` is its ``/v1`` base URL without a session.
 
-    server: ThreadingHTTPServer
-    thread: threading.Thread
+    Attributes:
+        host: the bound address.
+        port: the bound port.
+        policy: the `PolicyServer` behind the routes (its recorder holds the sessions).
+        thread: the thread running uvicorn.
+        token: the bearer token calls need ("" when none).
+        engine_kind: the engine's kind, set by `agentrl.recipes.serve.open_server`.
+    """
+
+    host: str
+    port: int
     policy: PolicyServer
+    thread: threading.Thread
+    token: str = ""
     engine_kind: str = ""
+    _uvicorn: Any = None
+    _pool: ThreadPoolExecutor | None = None
+    _socket: Any = None
 
     @property
     def address(self) -> str:
         """``http://host:port``."""
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -383,10 +494,17 @@ class RunningServer:
         return f"{self.address}/s/{session}/v1"
 
     def stop(self) -> None:
-        """Stop serving and close the listening socket."""
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        """Stop serving and close the listening socket (idempotent)."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self.thread.join(timeout=10)
+            self._uvicorn = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
     def close(self) -> None:
         """`stop`, then close the engine client (and the engine, when the client owns it)."""
@@ -394,10 +512,43 @@ class RunningServer:
         self.policy.client.close()
 
 
-def start_server(policy: PolicyServer, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
-    """Serve `policy` on a background thread (port 0 picks a free one)."""
-    httpd = ThreadingHTTPServer((host, port), _handler(policy))
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, name="agentrl-serve", daemon=True)
+def start_server(policy: PolicyServer, host: str = "127.0.0.1", port: int = 0, *, token: str = "",
+                 extra_hosts: Iterable[str] = (), limits: HttpLimits | None = None,
+                 threads: int = 64) -> RunningServer:
+    """Serve `policy` on a background thread (port 0 picks a free one); returns once it answers.
+
+    Args:
+        policy: the policy server.
+        host: the address to bind; anything but loopback needs `token`.
+        port: the port (0: a free one).
+        token: the bearer token every route but ``/health`` needs ("" : none, loopback only).
+        extra_hosts: ``Host`` names to answer besides the bound ones (`agentrl.http_guard.allowed_hosts`).
+        limits: HTTP limits (default: a body cap of 8 bytes per prompt character allowed, at least 4 MiB).
+        threads: worker threads for calls in flight (`build_app`).
+
+    Raises:
+        ServerStartError: a wider bind without a token, an address that cannot be bound, uvicorn not starting.
+    """
+    check_bind(host, token, token_flag="--token", env_var=TOKEN_ENV_VAR, error=ServerStartError)
+    if limits is None:
+        limits = HttpLimits(max_body_bytes=max(4 * 2**20, 8 * (policy.limits.max_prompt_chars or 0)))
+    try:
+        names = allowed_hosts(host, extra_hosts)
+    except ValueError as e:
+        raise ServerStartError(str(e)) from None
+    app = build_app(policy, threads=threads)
+    guarded = HttpGuard(app, allowed_hosts=names, limits=limits, token=token, open_paths=("/health",),
+                        error_body=openai_error)
+    sock = bind_socket(host, port, error=ServerStartError)
+    uv = uvicorn_server(guarded, limits=limits)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name="agentrl-serve", daemon=True)
     thread.start()
-    return RunningServer(httpd, thread, policy)
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            uv.should_exit = True
+            sock.close()
+            raise ServerStartError("the server did not start (see the log above)")
+        time.sleep(0.01)
+    return RunningServer(host, sock.getsockname()[1], policy, thread, token, _uvicorn=uv, _pool=app.state.pool,
+                         _socket=sock)

@@ -24,6 +24,11 @@ content and calls equal a recorded reply of the session is rendered from the rep
 reasoning and its call arguments as parsed), so an agent that appends ``response.choices[0].message`` keeps the
 prefix wherever the official template does. Counted per session as ``restored``.
 
+Matching a call costs time linear in that call, not in the session's history: every record's prompt + reply is kept
+hashed by length, and the new prompt is hashed once, prefix by prefix, and looked up (`Recorder.prepare_chat`).
+Memory is capped (sessions, calls per session, bytes of records), the least recently used sessions evicted to disk
+(`Recorder`).
+
 A session becomes a `Trajectory` whose turns are its calls, ordered so that each call follows the one it extends
 (`SessionLog.trajectory`), and `agentrl.chat.samples.trajectory_to_samples` makes the samples: merged while each prompt
 extends the previous turn's full sequence, split where not, loss mask 1 exactly on the sampled ids.
@@ -31,13 +36,19 @@ extends the previous turn's full sequence, split where not, loss mask 1 exactly 
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import hashlib
 import json
+import logging
+import secrets
+import sys
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from agentrl.chat.context import detect_family, explain_rewrite, strip_thinking
@@ -47,7 +58,10 @@ from agentrl.chat.roundtrip import check_roundtrip
 from agentrl.chat.samples import trajectory_to_samples
 from agentrl.records import Sample, Trajectory, Turn
 
-__all__ = ["Renderer", "CallRecord", "SessionLog", "SessionReport", "Recorder", "Prepared", "DRIFT_KINDS"]
+__all__ = ["Renderer", "CallRecord", "SessionLog", "SessionReport", "Recorder", "Prepared", "DRIFT_KINDS",
+           "SessionFull", "PromptTooLong"]
+
+_logger = logging.getLogger(__name__)
 
 DRIFT_KINDS = ("first", "extends", "template", "agent_edit", "new_context")
 """`CallRecord.drift` values (see the module docstring)."""
@@ -253,13 +267,37 @@ class Prepared:
 
 
 class SessionLog:
-    """The calls of one session, in order (thread-safe through its `Recorder`)."""
+    """The calls of one session, in order (thread-safe through its `Recorder`).
+
+    Besides the records it keeps what makes matching a new call cost time linear in that call, not in the session's
+    history: the replies by their key (for restoration), and a hash of every record's prompt + reply (as text and as
+    ids) by length, so a new prompt is hashed once, prefix by prefix, and looked up.
+    """
 
     def __init__(self, session: str):
         self.session = session
         self.records: list[CallRecord] = []
         self.calls = 0
         self.reward: float | None = None
+        self.bytes = _SESSION_BYTES
+        self.replies: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+        self.by_call: dict[int, list[int]] = {}
+        self.text_index = _PrefixIndex()
+        self.ids_index = _PrefixIndex()
+
+    def _add(self, rec: CallRecord) -> int:
+        """Append `rec`, index it, and return the bytes it adds (the caller holds the recorder's lock)."""
+        i = len(self.records)
+        self.records.append(rec)
+        self.by_call.setdefault(rec.call, []).append(i)
+        if rec.reply:
+            self.replies.setdefault(_reply_key(rec.content, rec.reply.get("tool_calls")), rec.reply)
+        if rec.prompt_text:
+            self.text_index.add((rec.prompt_text + rec.reply_text).encode("utf-8"), i)
+        self.ids_index.add(_ids_bytes(rec.prompt_ids + rec.generated_ids), i)
+        size = _record_bytes(rec)
+        self.bytes += size
+        return size
 
     def trajectory(self, reward: float, *, env_id: str = "agent", seed: int = 0, group_id: int = 0,
                    first_observation: str = "", success: bool = False, task_type: str = "") -> Trajectory:
@@ -313,43 +351,152 @@ class SessionLog:
             policy_versions=tuple(sorted({r.policy_version for r in self.records})))
 
 
+class _PrefixIndex:
+    """Records by a hash of their prompt + reply bytes.
+
+    "Which records does this prompt start with" then costs one pass over the prompt (hashing it incrementally at each
+    recorded length below its own) instead of a rescan of the records.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[int, bytes], list[int]] = {}
+        self._lengths: list[int] = []  # the distinct lengths in `_keys`, ascending
+        self._length_set: set[int] = set()
+
+    def add(self, data: bytes, index: int) -> None:
+        """Index record `index` whose prompt + reply is `data`."""
+        key = (len(data), hashlib.blake2b(data, digest_size=16).digest())
+        if key[0] not in self._length_set:
+            self._length_set.add(key[0])
+            bisect.insort(self._lengths, key[0])
+        self._keys.setdefault(key, []).append(index)
+
+    def prefixes(self, data: bytes, work: Counter) -> list[int]:
+        """Indices of the records whose prompt + reply `data` starts with (latest first; hash matches only).
+
+        At most one step per distinct recorded length up to ``len(data)``: linear in the new prompt.
+        """
+        view, hasher, done, found = memoryview(data), hashlib.blake2b(digest_size=16), 0, []
+        for length in self._lengths[: bisect.bisect_right(self._lengths, len(data))]:
+            hasher.update(view[done:length])
+            done = length
+            work["prefix_lookups"] += 1
+            found.extend(self._keys.get((length, hasher.copy().digest()), ()))
+        work["hashed_bytes"] += done
+        return sorted(found, reverse=True)
+
+
+class SessionFull(Exception):
+    """A session at its cap of calls or bytes: its next call is refused (the client starts a new session)."""
+
+
+class PromptTooLong(ValueError):
+    """A rendered prompt over the caller's character bound, refused before it is tokenized."""
+
+
 class Recorder:
     """Every session's calls: renders prompts against a session's history and records what was sampled.
 
+    Memory is bounded three ways, so a long-running ``agentrl serve`` (or a client flooding it) cannot grow it
+    without end: at most `max_sessions` sessions and `max_bytes` bytes of records are kept (an estimate that
+    overcounts: every record's ids, log-probs, texts and messages), and a session takes at most
+    `max_calls_per_session` calls (its next call raises `SessionFull`, as does a call to a session holding
+    `max_bytes` alone). Over the session or byte cap the least recently used sessions are evicted: never silently
+    lost, they are already on disk when `saved_to` is set (``--record`` appends every record as it is made), else
+    their records are appended to `spill_path` (JSON lines, the ``--record`` format), else a warning is logged;
+    `evicted` counts evicted sessions and `evicted_unsaved` those written nowhere. A call to an evicted session
+    starts it anew.
+
     Args:
         renderer: the template, parser and tokenizer.
-        max_sessions: sessions kept; past it the oldest is forgotten (a long-running ``agentrl serve`` keeps bounded
-            memory; ``--record`` has every call on disk).
+        max_sessions: sessions kept in memory.
+        max_calls_per_session: calls one session may make.
+        max_bytes: bytes of records kept in memory (estimated; see `bytes_kept`).
+        spill_path: where evicted sessions' records are appended when `saved_to` is not set (None: nowhere).
     """
 
-    def __init__(self, renderer: Renderer, *, max_sessions: int = 10_000):
+    def __init__(self, renderer: Renderer, *, max_sessions: int = 10_000, max_calls_per_session: int = 1_000,
+                 max_bytes: int = 2**30, spill_path: str | Path | None = None):
+        for name, value in (("max_sessions", max_sessions), ("max_calls_per_session", max_calls_per_session),
+                            ("max_bytes", max_bytes)):
+            if value < 1:
+                raise ValueError(f"Recorder {name} must be >= 1, got {value}")
         self.renderer = renderer
-        self.max_sessions = max_sessions
-        self._sessions: dict[str, SessionLog] = {}
+        self.max_sessions, self.max_calls_per_session, self.max_bytes = max_sessions, max_calls_per_session, max_bytes
+        self.spill_path = Path(spill_path) if spill_path else None
+        self.saved_to: Path | None = None
+        """Set by the server when every record is appended to this file as it is made (eviction writes nothing)."""
+        self.evicted = 0
+        self.evicted_unsaved = 0
+        self.work: Counter = Counter()
+        """What matching cost so far: ``prefix_lookups``, ``hashed_bytes``, ``compared_chars``, ``encoded_chars``."""
+        self._bytes = 0
+        self._sessions: dict[str, SessionLog] = {}  # least recently used first
         self._lock = threading.Lock()
-        self._anonymous = itertools.count()
+        self._spill_lock = threading.Lock()
+
+    @property
+    def bytes_kept(self) -> int:
+        """The estimated bytes of every kept session's records (at most `max_bytes` plus one call's records)."""
+        return self._bytes
 
     def session(self, session: str) -> SessionLog:
-        """The session's log (created empty on first use)."""
+        """The session's log (created empty on first use); evicts the least recently used ones over the caps."""
         with self._lock:
-            log = self._sessions.get(session)
+            log = self._sessions.pop(session, None)
             if log is None:
-                log = self._sessions[session] = SessionLog(session)
-                while len(self._sessions) > self.max_sessions:
-                    del self._sessions[next(iter(self._sessions))]
-            return log
+                log = SessionLog(session)
+                self._bytes += log.bytes
+            self._sessions[session] = log  # now the most recently used
+            evicted = self._over_caps()
+        self._spill(evicted)
+        return log
+
+    def find(self, session: str) -> SessionLog | None:
+        """The session's log, or None when there is none (never creates one)."""
+        with self._lock:
+            return self._sessions.get(session)
+
+    def _over_caps(self) -> list[SessionLog]:
+        """Drop the least recently used sessions while over a cap (never the most recent one); lock held."""
+        out = []
+        while (len(self._sessions) > self.max_sessions or self._bytes > self.max_bytes) and len(self._sessions) > 1:
+            log = self._sessions.pop(next(iter(self._sessions)))
+            self._bytes -= log.bytes
+            out.append(log)
+        self.evicted += len(out)
+        if out and self.saved_to is None and self.spill_path is None:
+            self.evicted_unsaved += len(out)
+        return out
+
+    def _spill(self, evicted: list[SessionLog]) -> None:
+        """Write evicted sessions where they are kept (see the class docstring)."""
+        if not evicted or self.saved_to is not None:
+            return
+        if self.spill_path is None:
+            _logger.warning("evicted %d session(s) over the server's caps (%d sessions, %d bytes) with no record file: "
+                        "their calls are lost; run with --record to keep them", len(evicted), self.max_sessions,
+                        self.max_bytes)
+            return
+        lines = [json.dumps(rec.to_json(), ensure_ascii=False) + "\n" for s in evicted for rec in s.records]
+        self.spill_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._spill_lock, open(self.spill_path, "a") as f:
+            f.writelines(lines)
 
     def anonymous(self) -> str:
-        """A fresh session id for a call that named none (each such call is its own session)."""
-        return f"anon-{next(self._anonymous)}"
+        """A fresh, unguessable session id for a call that named none (each such call is its own session)."""
+        return f"anon-{secrets.token_urlsafe(16)}"
 
     def pop(self, session: str) -> SessionLog | None:
         """Remove and return a session's log."""
         with self._lock:
-            return self._sessions.pop(session, None)
+            out = self._sessions.pop(session, None)
+            if out is not None:
+                self._bytes -= out.bytes
+            return out
 
     def sessions(self) -> list[str]:
-        """Session ids, oldest first."""
+        """Session ids, least recently used first."""
         with self._lock:
             return list(self._sessions)
 
@@ -357,14 +504,10 @@ class Recorder:
 
     def _restore(self, log: SessionLog, messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """Assistant messages that equal a recorded reply, replaced by the reply as the model wrote it."""
-        replies = {}
-        for rec in log.records:
-            if rec.reply:
-                replies.setdefault(_reply_key(rec.content, rec.reply.get("tool_calls")), rec.reply)
         out, restored = [], 0
         for m in messages:
             if m.get("role") == "assistant":
-                recorded = replies.get(_reply_key(m.get("content"), m.get("tool_calls")))
+                recorded = log.replies.get(_reply_key(m.get("content"), m.get("tool_calls")))
                 if recorded is not None:
                     if recorded != m:
                         restored += 1
@@ -373,54 +516,92 @@ class Recorder:
         return out, restored
 
     def prepare_chat(self, session: str, messages: Sequence[dict[str, Any]],
-                     tools: Sequence[Mapping[str, Any]] | None) -> Prepared:
-        """Render a chat call against the session's earlier calls (see the module docstring)."""
+                     tools: Sequence[Mapping[str, Any]] | None, *, max_chars: int | None = None) -> Prepared:
+        """Render a chat call against the session's earlier calls (see the module docstring).
+
+        Matching costs time linear in the new call: the rendered text is hashed once at every recorded length below
+        its own, and only the latest hash match is compared character by character.
+
+        Args:
+            session: the session id.
+            messages: the call's messages (`agentrl.serve.protocol.ChatRequest.messages`).
+            tools: the declared tools, or None.
+            max_chars: the longest rendered prompt accepted, checked before tokenizing (None: any).
+
+        Raises:
+            PromptTooLong: the rendered prompt is over `max_chars`.
+        """
         log = self.session(session)
         with self._lock:
             rendered, restored = self._restore(log, messages)
-            text = self.renderer.render(rendered, tools)
-            records = list(log.records)
-        for i in range(len(records) - 1, -1, -1):
-            rec = records[i]
-            seen = rec.prompt_text + rec.reply_text
-            if rec.prompt_text and text.startswith(seen):
-                ids = rec.prompt_ids + rec.generated_ids + tuple(self.renderer.encode(text[len(seen):]))
-                last = [r for r in records if r.call == records[-1].call]
-                # Extending an older call than the latest: the agent went back (an edit of what followed) or an
-                # interleaved conversation (a sub-agent) went on; only the former is drift.
-                drift, rule, detail = ("extends", "", "") if rec in last else self._explain(last, rendered, tools,
-                                                                                              text)
-                if drift == "new_context":
-                    drift, detail = "extends", ""
-                return Prepared(ids, text, tuple(rendered), i, drift, rule, detail, restored, _tools_key(tools))
+        text = self.renderer.render(rendered, tools)
+        if max_chars is not None and len(text) > max_chars:
+            raise PromptTooLong(f"the rendered prompt is {len(text)} characters, over this server's bound of "
+                                f"{max_chars} for its context; shorten the conversation")
+        data = text.encode("utf-8")
+        with self._lock:
+            match = None
+            for i in log.text_index.prefixes(data, self.work):
+                rec = log.records[i]
+                self.work["compared_chars"] += len(rec.prompt_text) + len(rec.reply_text)
+                if text.startswith(rec.prompt_text) and text.startswith(rec.reply_text, len(rec.prompt_text)):
+                    match = i
+                    break
+            records = log.records[-_EXPLAIN_WINDOW:]
+            last_call = log.by_call.get(log.records[-1].call, []) if log.records else []
+            last = [log.records[j] for j in last_call]
+        tools_key = _tools_key(tools)
+        if match is not None:
+            rec = log.records[match]
+            seen = len(rec.prompt_text) + len(rec.reply_text)
+            with self._lock:
+                self.work["encoded_chars"] += len(text) - seen
+            ids = rec.prompt_ids + rec.generated_ids + tuple(self.renderer.encode(text[seen:]))
+            # Extending an older call than the latest: the agent went back (an edit of what followed) or an
+            # interleaved conversation (a sub-agent) went on; only the former is drift.
+            drift, rule, detail = ("extends", "", "") if match in last_call else self._explain(last, rendered, tools,
+                                                                                                text)
+            if drift == "new_context":
+                drift, detail = "extends", ""
+            return Prepared(ids, text, tuple(rendered), match, drift, rule, detail, restored, tools_key)
+        with self._lock:
+            self.work["encoded_chars"] += len(text)
         ids = tuple(self.renderer.encode(text))
         if not records:
-            return Prepared(ids, text, tuple(rendered), -1, "first", restored=restored, tools=_tools_key(tools))
+            return Prepared(ids, text, tuple(rendered), -1, "first", restored=restored, tools=tools_key)
         drift, rule, detail = self._explain(records, rendered, tools, text)
-        return Prepared(ids, text, tuple(rendered), -1, drift, rule, detail, restored, _tools_key(tools))
+        return Prepared(ids, text, tuple(rendered), -1, drift, rule, detail, restored, tools_key)
 
     def prepare_completion(self, session: str, prompt: str | tuple[int, ...]) -> Prepared:
         """A completions call: the prompt as given (text tokenized, ids kept).
 
-        It extends an earlier call when its ids start with that call's prompt + reply.
+        It extends an earlier call when its ids start with that call's prompt + reply (found as `prepare_chat` does).
         """
         log = self.session(session)
         ids = prompt if isinstance(prompt, tuple) else tuple(self.renderer.encode(prompt))
         text = prompt if isinstance(prompt, str) else self.renderer.decode(prompt)
+        data = _ids_bytes(ids)
         with self._lock:
-            records = list(log.records)
-        for i in range(len(records) - 1, -1, -1):
-            full = records[i].prompt_ids + records[i].generated_ids
-            if ids[: len(full)] == full:
-                return Prepared(ids, text, (), i, "extends")
-        if not records:
+            for i in log.ids_index.prefixes(data, self.work):
+                rec = log.records[i]
+                n, m = len(rec.prompt_ids), len(rec.generated_ids)
+                self.work["compared_chars"] += n + m
+                if ids[:n] == rec.prompt_ids and ids[n: n + m] == rec.generated_ids:
+                    return Prepared(ids, text, (), i, "extends")
+            first = not log.records
+        if first:
             return Prepared(ids, text, (), -1, "first")
         return Prepared(ids, text, (), -1, "new_context", detail="the prompt ids extend no earlier call's ids")
 
     def _explain(self, records: list[CallRecord], messages: list[dict[str, Any]], tools: Any,
                  text: str) -> tuple[str, str, str]:
-        """Why `text` extends no earlier call: (drift kind, family rule, detail), against the closest earlier call."""
-        for rec in reversed(records):  # an earlier call whose history and reply the agent kept: the template's doing
+        """Why `text` extends no earlier call: (drift kind, family rule, detail), against the closest earlier call.
+
+        Only the last `_EXPLAIN_WINDOW` records are searched, so a session that drifts on every call does not pay for
+        its whole history on each one.
+        """
+        # An earlier call whose history and reply the agent kept: the template's doing.
+        for rec in reversed(records[-_EXPLAIN_WINDOW:]):
             n = len(rec.messages)
             if rec.messages and len(messages) > n and list(rec.messages) == messages[:n] and messages[n] == rec.reply:
                 if _tools_key(tools) != rec.tools:
@@ -431,7 +612,8 @@ class Recorder:
                     return "template", f"{self.renderer.family_name}: {self.renderer.family.rule}", where
                 return "template", "", f"{where} (not predicted by the family's rule)"
         best, best_len, best_hist = None, -1, []
-        for rec in records:  # the earlier call sharing the longest history (its messages and reply; latest on ties)
+        # The earlier call sharing the longest history (its messages and reply; latest on ties).
+        for rec in records[-_EXPLAIN_WINDOW:]:
             hist = [*rec.messages, rec.reply] if rec.reply else list(rec.messages)
             shared = next((j for j, (a, b) in enumerate(zip(hist, messages)) if a != b), min(len(hist), len(messages)))
             if rec.messages and shared >= best_len:
@@ -472,15 +654,66 @@ class Recorder:
             messages=prepared.messages, tools=prepared.tools, prompt_text=prepared.prompt_text,
             reply_text=reply_text)
         with self._lock:
-            log.records.append(rec)
+            size = log._add(rec)
+            if self._sessions.get(session) is log:  # (an evicted log is no longer counted)
+                self._bytes += size
+            evicted = self._over_caps()
+        self._spill(evicted)
         return rec
 
     def next_call(self, session: str) -> int:
-        """Reserve the session's next call index."""
+        """Reserve the session's next call index.
+
+        Raises:
+            SessionFull: the session made `max_calls_per_session` calls, or holds `max_bytes` alone.
+        """
         log = self.session(session)
         with self._lock:
+            if log.calls >= self.max_calls_per_session:
+                raise SessionFull(f"session {session!r} made its {self.max_calls_per_session} calls, this server's "
+                                  f"cap per session; start a new session")
+            if log.bytes >= self.max_bytes:
+                raise SessionFull(f"session {session!r} holds {log.bytes} bytes of records, this server's whole "
+                                  f"memory cap; start a new session")
             log.calls += 1
             return log.calls - 1
+
+
+_SESSION_BYTES = 2048
+"""Estimated bytes of an empty `SessionLog` and its indexes."""
+_RECORD_BYTES = 1024
+"""Estimated bytes of a `CallRecord` and its index entries, beyond its ids, log-probs, texts and messages."""
+_EXPLAIN_WINDOW = 64
+"""Records `Recorder._explain` searches for the closest earlier call (the latest ones)."""
+
+
+def _ids_bytes(ids: Sequence[int]) -> bytes:
+    """Token ids as bytes, 8 per id, so a prefix of ids is a prefix of bytes."""
+    try:
+        return array("Q", ids).tobytes()
+    except (OverflowError, TypeError):  # ids outside 0..2**64 (only a caller that skipped the vocabulary check)
+        return b"\xff" + ",".join(map(str, ids)).encode()
+
+
+def _deep_size(value: Any) -> int:
+    """Bytes of `value` and everything it holds (dicts, lists, tuples, strings); shared objects counted each time."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+def _record_bytes(rec: CallRecord) -> int:
+    """An overestimate of the memory one record holds: 40 bytes a token id (pointer and int), 32 a log-prob."""
+    return (_RECORD_BYTES + 40 * (len(rec.prompt_ids) + len(rec.generated_ids)) + 32 * len(rec.logprobs)
+            + sum(sys.getsizeof(t) for t in (rec.prompt_text, rec.reply_text, rec.content, rec.detail, rec.tools))
+            + _deep_size(rec.messages) + _deep_size(rec.reply))
 
 
 def _tools_key(tools: Any) -> str:
