@@ -103,7 +103,9 @@ def test_the_update_pass_stands_for_pi_old_with_one_minibatch(tmp_path, monkeypa
         scored.clear()
         from test_train import tiny_config  # its parity env gives varied rewards: a real gradient
 
-        cfg = tiny_config(tmp_path / mode, steps=1, **{"loss.old_policy_pass": mode, "optim.lr": 1e-2})
+        # No per-token record: its own small scoring pass (token_values.jsonl) would count as a pi_old pass here.
+        cfg = tiny_config(tmp_path / mode, steps=1, **{"loss.old_policy_pass": mode, "optim.lr": 1e-2,
+                                                       "token_values_per_step": 0})
         out = train(cfg, progress=False)
         assert bool(scored) == (mode == "on")  # auto: no pi_old pass ran
         rows[mode] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])

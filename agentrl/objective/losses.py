@@ -47,7 +47,13 @@ import torch
 from torch import Tensor
 
 from agentrl.objective.aggregation import AGG_MODES, aggregate
-from agentrl.objective.corrections import CORRECTIONS, REJECTION_LEVELS, correction_weights, rejection_mask
+from agentrl.objective.corrections import (
+    CORRECTIONS,
+    REJECTION_LEVELS,
+    CorrectionResult,
+    correction_weights,
+    rejection_mask,
+)
 from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, masked_mean
 from agentrl.objective.reference_kl import KL_ESTIMATORS, kl_penalty
 
@@ -63,6 +69,7 @@ __all__ = [
     "ReinforceOptions",
     "LossSpec",
     "loss_options",
+    "loss_weights",
     "policy_loss",
 ]
 
@@ -413,14 +420,8 @@ def policy_loss(
     # gives it an exact zero gradient, which multiplying by the mask would not (0 * nan = nan).
     logp, old_logp, rollout_logp, adv = (_zero_outside(t, m) for t in (logp, old_logp, rollout_logp, adv))
 
-    corr = correction_weights(
-        opts.correction, old_logp, rollout_logp, m,
-        is_cap=opts.is_cap, is_floor=opts.is_floor, is_level=opts.is_level,
-        icepop_low=opts.icepop_low, icepop_high=opts.icepop_high,
-        mis_level=opts.mis_level, mis_low=opts.mis_low, mis_high=opts.mis_high,
-    )  # fmt: skip
-    keep = rejection_mask(opts.rejection, old_logp, rollout_logp, m, opts.rejection_low, opts.rejection_high)  # [N, T]
-    w = torch.where(keep, corr.weights, torch.zeros_like(corr.weights)).to(logp.dtype)  # [N, T]
+    corr = loss_weights(opts, old_logp, rollout_logp, m)
+    w = corr.weights.to(logp.dtype)  # [N, T]
     loss_mat, clipped_low, clipped_high = LOSSES[name].fn(logp, old_logp, adv, w, m, opts)  # [N, T]
     extra: dict[str, float] = {}
     if opts.kl_coef > 0:
@@ -437,10 +438,38 @@ def policy_loss(
         num_sequences=num_sequences, num_tokens=num_tokens, loss_scale_factor=opts.loss_scale_factor,
     )  # fmt: skip
 
-    metrics = _metrics(logp.detach(), old_logp, rollout_logp, m, w, corr.masked | (m & ~keep), corr.truncated,
+    metrics = _metrics(logp.detach(), old_logp, rollout_logp, m, w, corr.masked, corr.truncated,
                        clipped_low, clipped_high)  # fmt: skip
     metrics["loss"] = float(loss.detach().item())
     return loss, metrics | extra
+
+
+def loss_weights(opts: LossOptions, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> CorrectionResult:
+    """The detached per-token weight `w` the loss multiplies: the correction's, zeroed where the rejection mask drops.
+
+    `policy_loss` calls it, and so does the run's per-token record (`agentrl.training.token_values`), so what a
+    viewer shows as masked or truncated is exactly what the loss did.
+
+    Args:
+        opts: the loss's options (correction, its bounds and level, the rejection mask).
+        old_logp: log pi_old `[N, T]` (0 outside the mask).
+        rollout_logp: log mu `[N, T]` (0 outside the mask).
+        mask: the bool response mask `[N, T]`.
+
+    Returns:
+        A `CorrectionResult`: `weights` after the rejection mask, `masked` the tokens the correction or the rejection
+        mask set to 0, `truncated` the tokens whose TIS weight was capped or floored; all `[N, T]`.
+    """
+    corr = correction_weights(
+        opts.correction, old_logp, rollout_logp, mask,
+        is_cap=opts.is_cap, is_floor=opts.is_floor, is_level=opts.is_level,
+        icepop_low=opts.icepop_low, icepop_high=opts.icepop_high,
+        mis_level=opts.mis_level, mis_low=opts.mis_low, mis_high=opts.mis_high,
+    )  # fmt: skip
+    keep = rejection_mask(opts.rejection, old_logp, rollout_logp, mask, opts.rejection_low,
+                          opts.rejection_high)  # [N, T]
+    weights = torch.where(keep, corr.weights, torch.zeros_like(corr.weights))  # [N, T]
+    return CorrectionResult(weights=weights, masked=corr.masked | (mask & ~keep), truncated=corr.truncated)
 
 
 def _zero_outside(t: Tensor, mask: Tensor) -> Tensor:

@@ -47,6 +47,7 @@ from agentrl.training.placement import RESOURCE_SHARE, Placement, PlacementPlan,
 from agentrl.training.reference import load_reference
 from agentrl.training.routing_replay import routing_strategy
 from agentrl.training.step import MISMATCH_KL, TrainingError, TrainingStep
+from agentrl.training.token_values import TOKEN_VALUES
 
 __all__ = ["Run", "set_up", "resolve_plan", "default_engine_dtype", "rollout_kv_cache_gib", "single_turn_context",
            "is_single_turn"]
@@ -486,7 +487,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
             state.restore_rng(shuffle)
         # Only now, with every setting checked, may a new run replace what an earlier run left in the folder.
         if not resume and not restart:
-            for stale in ("metrics.jsonl", "trajectories.jsonl"):
+            for stale in ("metrics.jsonl", "trajectories.jsonl", TOKEN_VALUES):
                 (out / stale).unlink(missing_ok=True)
             clear_tracker_files(out)
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

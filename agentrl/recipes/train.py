@@ -42,6 +42,7 @@ from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metri
 from agentrl.training.microbatch import padding_waste
 from agentrl.training.routing_replay import RoutingReplayError
 from agentrl.training.step import OldPolicy, StepSamples, TrainingError, UpdateResult, as_trained
+from agentrl.training.token_values import record_token_values
 
 __all__ = ["train", "TrainingError", "default_run_dir", "plot_curves", "stop_message"]
 
@@ -62,8 +63,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
     """Run RL training as configured; returns the run folder.
 
     Args:
-        cfg: the run config. Its `output` folder receives metrics.jsonl, trajectories.jsonl, curves.png,
-            config.yaml, plan.json and checkpoint/.
+        cfg: the run config. Its `output` folder receives metrics.jsonl, trajectories.jsonl, token_values.jsonl,
+            curves.png, config.yaml, plan.json and checkpoint/.
         resume: continue from `cfg.output/checkpoint` (weights, optimizer, step, data order) up to `cfg.steps`.
         overwrite: replace a run already saved in `cfg.output` (otherwise that is an error: no run is lost silently).
         progress: show the plan and a progress bar.
@@ -211,8 +212,11 @@ def train_step(run: Run, step: int, *, say, show) -> None:
         } | live, trajectories)
         return
 
-    # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says).
+    # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); a few samples'
+    # per-token values for `agentrl view`, on the same weights.
     old = run.step.old_policy(batch.samples)
+    if cfg.token_values_per_step:
+        record_token_values(run.step, batch, old, trajectories, step, cfg.token_values_per_step, out)
 
     # 5. Updates, then the engines sample from the new weights.
     update = run.step.update(batch.samples, old, batch.ref_logp, step)

@@ -66,12 +66,15 @@ class StepSamples:
         rewards: `[N_traj]` every episode's reward before any penalty (for the metrics).
         ref_logp: the reference's log-probs per sample index `[len - 1]`; empty without a reference model.
         metrics: what the filters and penalties did (overlong_frac, uninformative_frac, kl_reward_penalty_mean, ...).
+        origins: per sample, `(trajectory, part)`: the index of its episode in the step's trajectories and its index
+            among that episode's samples (a multi-turn episode may train as several samples).
     """
 
     samples: list[Sample]
     rewards: torch.Tensor
     ref_logp: dict[int, torch.Tensor]
     metrics: dict[str, float]
+    origins: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -329,11 +332,14 @@ class TrainingStep:
             extra["kl_reward_penalty_mean"] = float(penalty.mean())
         trajectories, in_loss = overlong_and_dynamic_sampling(trajectories, L, self.per_turn_budget, extra)
         samples: list[Sample] = []
+        origins: list[tuple[int, int]] = []
         advantages = turn_advantages(self.advantage.name, trajectories, self.advantage.options())
-        for traj, adv, keep in zip(trajectories, advantages, in_loss):
+        for k, (traj, adv, keep) in enumerate(zip(trajectories, advantages, in_loss)):
             if keep:
-                samples += trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
-        return StepSamples(samples, rewards, ref_logp, extra)
+                parts = trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
+                samples += parts
+                origins += [(k, j) for j in range(len(parts))]
+        return StepSamples(samples, rewards, ref_logp, extra, origins)
 
     @torch.no_grad()
     def reference_logprobs(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
