@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "Interval", "pass_at_k", "pass_at_k_per_task", "task_counts", "wilson_interval", "mean_interval", "t_quantile",
+    "Interval", "interval_text", "pass_at_k", "pass_at_k_per_task", "task_counts", "wilson_interval", "mean_interval",
+    "t_quantile",
     "bootstrap_pass_at_k", "newcombe_difference", "welch_difference", "bootstrap_pass_at_k_difference",
 ]
 
@@ -81,6 +82,11 @@ class Interval:
         if percent:
             return f"{100 * self.estimate:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}]"
         return f"{self.estimate:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+
+def interval_text(d: Mapping[str, Any] | None, percent: bool = False) -> str:
+    """An interval saved as a dict (`Interval.to_dict`'s form) as text, or ``"-"`` when there is none."""
+    return "-" if d is None else Interval.from_dict(d).format(percent=percent)
 
 
 def _z(confidence: float) -> float:

@@ -31,7 +31,7 @@ def test_eval_smoke_with_tiny_qwen3(tmp_path):
                                                                                       1_000_002}
     assert set(results["overall"]["pass_at_k"]) == {"1", "2"}
     assert all(e["tokens"] <= 8 for e in results["episodes"])
-    assert (out_dir / "report.html").stat().st_size > 10_000  # four embedded PNGs
+    assert (out_dir / "report.html").stat().st_size > 10_000  # the viewer's export: uPlot and the data inline
     assert len((out_dir / "trajectories.jsonl").read_text().splitlines()) == 6
 
 

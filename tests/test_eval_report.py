@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from agentrl.eval_compare import compare_results
 from agentrl.recipes.evaluate import summarize
-from agentrl.recipes.report import PLOT_TITLES, compare_results, render_report, write_report
+from agentrl.view.eval_report import PLOT_TITLES, render_report, write_report
 
 
 def make_results(successes_per_task, n=4, temperature=0.6, types=("level1", "level2")):
@@ -37,11 +38,13 @@ def make_results(successes_per_task, n=4, temperature=0.6, types=("level1", "lev
 
 
 def test_report_is_self_contained_and_escapes_text():
+    # The report is the viewer's export now: scripts and data inline (uPlot charts), nothing loaded from elsewhere.
     page = render_report(make_results([0, 1, 2, 3, 4, 2]))
     for title in PLOT_TITLES:
-        assert f'alt="{title}" src="data:image/png;base64,' in page
-    assert "<script" not in page and "http://" not in page and "https://" not in page
+        assert f'class="eval-chart" data-title="{title}"' in page
+    assert 'src="http' not in page and 'href="http' not in page and "<script src=" not in page
     assert "&lt;b&gt;not bold&lt;/b&gt;" in page  # env text is shown, never interpreted
+    assert "<b>not bold</b>" not in page
     assert "typical_p=0.9" in page and "pass@4" in page
 
 
@@ -78,7 +81,7 @@ def test_cli_compare_prints_differences(tmp_path):
 
 
 @pytest.mark.browser
-def test_report_opens_in_chromium_without_errors_and_shows_its_plots(tmp_path):
+def test_report_opens_in_chromium_without_errors_and_shows_its_charts(tmp_path):
     from playwright.sync_api import sync_playwright
 
     path = write_report(make_results([0, 1, 2, 3, 4, 2]), tmp_path / "report.html")
@@ -93,13 +96,15 @@ def test_report_opens_in_chromium_without_errors_and_shows_its_plots(tmp_path):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
-            images = page.eval_on_selector_all(
-                "img", "els => els.map(e => [e.alt, e.complete, e.naturalWidth, e.getBoundingClientRect().height])")
+            page.wait_for_selector(".eval-chart canvas")
+            charts = page.eval_on_selector_all(
+                ".eval-chart", "els => els.map(e => [e.dataset.title, e.querySelector('.u-title').textContent, "
+                               "e.querySelector('canvas').getBoundingClientRect().height])")
             transcripts = page.locator("details").count()
         finally:
             browser.close()
     assert errors == []
-    assert [alt for alt, *_ in images] == list(PLOT_TITLES)
-    for alt, complete, width, height in images:
-        assert complete and width > 200 and height > 100, alt  # decoded and laid out, not a broken icon
+    assert [title for title, *_ in charts] == list(PLOT_TITLES)
+    for title, shown, height in charts:
+        assert shown == title and height > 100, title  # drawn with its title, not an empty box
     assert transcripts == 1

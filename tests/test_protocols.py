@@ -203,7 +203,7 @@ def test_overrides_make_the_result_say_so():
 
 
 def test_compare_names_a_protocol_difference():
-    from agentrl.recipes.report import setting_differences
+    from agentrl.eval_compare import setting_differences
 
     base = {"env": {}, "model": {}, "tasks": {}, "sampling": {}}
     a = {**base, "protocol": {"label": "x", "hash": "a" * 64}}

@@ -402,6 +402,32 @@ def inspect_(
         _fail(str(e))
 
 
+@app.command("view")
+def view_(
+    runs: list[Path] = typer.Argument(..., help="Run folders (of `agentrl run` or `agentrl eval`); two or more are "
+                                               "overlaid and compared."),
+    export: Path | None = typer.Option(None, "--export", help="Write one self-contained HTML file here instead of "
+                                                              "serving."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; any other than loopback needs --token."),
+    port: int = typer.Option(8100, help="Port (0 picks a free one)."),
+    token: str = typer.Option("", "--token", envvar="AGENTRL_VIEW_TOKEN", show_default=False,
+                              help="Token the browser must present (open /?token=TOKEN once; env var "
+                                   "AGENTRL_VIEW_TOKEN)."),
+    allowed_host: list[str] = typer.Option(
+        [], "--allowed-host", help="Another name the browser may call the viewer by (repeatable; '*' allows any)."),
+) -> None:
+    """See inside runs in a browser, live: curves, episodes turn by turn, every token's mask, log-probs and weights."""
+    from agentrl.view import ViewError, export_html, serve_view
+
+    try:
+        if export is not None:
+            typer.echo(f"exported to {export_html(runs, export)}")
+            return
+        serve_view(runs, host=host, port=port, token=token, extra_hosts=allowed_host, say=typer.echo)
+    except ViewError as e:
+        _fail(str(e))
+
+
 @app.command("check-template")
 def check_template(
     model: str = typer.Option(..., "--model", help="Built-in model, local HF folder or hub id."),

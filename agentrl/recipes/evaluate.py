@@ -564,7 +564,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
 
     import agentrl
     from agentrl.models import load_model
-    from agentrl.recipes.report import write_report
+    from agentrl.view.eval_report import write_report
 
     console = console or Console()
     cfg.validate()
@@ -673,7 +673,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         "transcripts": _transcripts(trajectories, policy.tokenizer, cfg.transcripts),
     }
     (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1))
-    write_report(results, out / "report.html")
+    write_report(results, out / "report.html", folder=out)  # the viewer's export of this folder
     _log_to_trackers(cfg.log, out, results, trajectories)
     return results
 
