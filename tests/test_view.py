@@ -1,8 +1,10 @@
 """`agentrl view`: the JSON endpoints (httpx, in-process) and the pages in a real Chromium (Playwright).
 
-One tiny real training run (2 steps) is made per module; until the trainer writes ``token_values.jsonl`` itself,
-`write_token_values` writes it by hand in the agreed format, joined to the run's own trajectories (the samples
-rebuilt from the turns, synthetic trainer values). A copy without the file stands for a run from before.
+One tiny real training run (2 steps) is made per module; `write_token_values` replaces its ``token_values.jsonl``
+with hand-made values in the agreed format (joined to the run's own trajectories, samples rebuilt from the turns,
+synthetic trainer values that make a masked token visible). A copy without the file stands for a run from before.
+A second tiny run (async, so step 1 is off-policy) keeps the file the trainer wrote: the browser reads it as is.
+The live test trains a real tiny run with `agentrl run` while the viewer watches it (slow).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,12 +162,28 @@ def test_token_from_the_browser_and_wide_binds(runs):
         serve_view([run], host="0.0.0.0", port=0)
 
 
-def test_missing_folder_is_a_one_line_error():
+def test_a_run_before_its_first_step_gets_the_live_curves_block(tmp_path):
+    # Opened between config.yaml and the first metrics row: the page must hold the (empty) curves and their script,
+    # which polls, or the steps never appear without a reload (in a browser: test_live_while_a_real_tiny_run_trains).
+    folder = tmp_path / "starting"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("model: tiny-qwen3\n")
+    page = client(folder).get("/").text
+    assert 'id="curves-data"' in page and '<b id="steps-0">0</b> steps' in page
+    assert 'id="curves-data"' not in export_html([folder], tmp_path / "out.html").read_text()  # nothing to wait for
+
+
+def test_missing_folder_is_a_one_line_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "agentrl.cli", "view", "/nonexistent/run"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2
+    starting = ("; a run just started writes config.yaml once its model is loaded: start the viewer after that, it "
+                "then shows each step as the run writes it")
     assert out.stderr.strip().splitlines() == ["error: run folder /nonexistent/run not found; pass a folder written "
-                                               "by `agentrl run` or `agentrl eval`"]
+                                               "by `agentrl run` or `agentrl eval`" + starting]
+    # The folder of a run still loading its model (`agentrl run` made it, wrote nothing yet): refused, saying so.
+    with pytest.raises(ViewError, match=r"is not a run folder \(none of .*\); .*a run just started writes config"):
+        RunFolder(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------ browser
@@ -271,6 +290,190 @@ def test_live_a_new_step_appears_within_seconds(server, browser, tmp_path):
     assert time.monotonic() - start < 10
     page.screenshot(path=tmp_path / "live.png", full_page=True)
     assert errors == []
+
+
+def start_view(paths: list[Path]) -> tuple[subprocess.Popen, str]:
+    """`agentrl view PATHS --port 0` in a subprocess, and the URL it said."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "view", *map(str, paths), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert "agentrl view: http://127.0.0.1:" in line, line + proc.stdout.read()
+    return proc, line.split()[2]
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def tip_value(tip: str, label: str) -> float:
+    """A number of the token hover card ("trainer log-prob -12.3")."""
+    found = re.search(rf"^{label} (\S+)", tip, re.M)
+    assert found, (label, tip)
+    return float(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny real run whose token_values.jsonl is the trainer's own. Async rollout: step 1 trains on samples of
+    step 0's weights, so the trainer's log-probs differ from the sampler's and IS weights from 1."""
+    from test_train import tiny_config
+
+    from agentrl.recipes.train import train
+
+    return train(tiny_config(tmp_path_factory.mktemp("trained"), **{"scheduler.async_rollout": True}),
+                 progress=False)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"needs Chromium at {CHROMIUM} (apt-get install chromium)")
+def test_trainer_written_token_values_in_chromium(trained, browser, tmp_path):
+    run = trained
+    lines = [json.loads(line) for line in (run / "token_values.jsonl").read_text().splitlines()]
+    assert lines and all(sum(line["loss_mask"]) > 0 for line in lines)
+    # Which episode each line records, joined as trajectories.jsonl counts them (the n-th of its step's group).
+    counts: dict[tuple[int, int], int] = {}
+    index_of = {}
+    for i, line in enumerate((run / "trajectories.jsonl").read_text().splitlines()):
+        t = json.loads(line)
+        key = (t["train_step"], t["group_id"])
+        index_of[(*key, counts.get(key, 0))] = i
+        counts[key] = counts.get(key, 0) + 1
+
+    def mismatch(x: dict, i: int) -> float:
+        return abs(x["trainer_logprob"][i] - x["sampler_logprob"][i]) if x["loss_mask"][i] else 0.0
+
+    # The sample whose trainer and sampler disagree most: the card must show the trainer's value, not the sampler's.
+    line = max(lines, key=lambda x: max(mismatch(x, i) for i in range(len(x["token_ids"]))))
+    index = index_of[(line["step"], line["group_id"], line["episode"])]
+    samples = [x for x in lines if (x["step"], x["group_id"], x["episode"]) == (line["step"], line["group_id"],
+                                                                              line["episode"])]
+    proc, url = start_view([run])
+    try:
+        errors: list[str] = []
+        page = open_page(browser, url, errors)
+        page.wait_for_selector('.chart[data-metric="reward_mean"] canvas')
+        metrics = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+        assert len(metrics) == 2
+        for chart in page.locator(".chart").all():  # each curve: one point per row that holds the metric
+            key = chart.get_attribute("data-metric")
+            expected = sum(1 for r in metrics if isinstance(r.get(key), (int, float))
+                           and not isinstance(r.get(key), bool) and math.isfinite(r[key]))
+            assert chart.get_attribute("data-points") == str(expected), key
+        assert page.get_attribute('.chart[data-metric="reward_mean"]', "data-points") == str(len(metrics))
+        page.screenshot(path=tmp_path / "trained-overview.png", full_page=True)
+
+        page.goto(f"{url}run/0/episode/{index}")
+        body = page.inner_text("body")
+        assert "no token_values.jsonl" not in body and "no token values were recorded" not in body
+        assert page.locator(".tokens").count() == len(samples)
+        box = f".tokens[data-sample='{line['sample']}']"
+        spans = page.locator(f"{box} .t")
+        assert spans.count() == len(line["token_ids"])
+        assert page.locator(f"{box} .t.loss").count() == sum(line["loss_mask"])
+        assert page.locator(f"{box} .t.masked").count() == sum(line["is_masked"])
+        # Colouring: a token is painted exactly where the file holds a value for the chosen mode.
+        painted = f"Array.from(document.querySelectorAll(\"{box} .t\")).map(s => s.style.background !== '')"
+        for mode, has in (("is_weight", [w is not None for w in line["is_weight"]]),
+                          ("mismatch", [a is not None and b is not None
+                                        for a, b in zip(line["trainer_logprob"], line["sampler_logprob"])]),
+                          ("advantage", [a is not None for a in line["advantage"]])):
+            page.select_option(".token-mode", mode)
+            assert page.evaluate(painted) == has, mode
+        # The hover card of a loss token shows its id and the file's values (4 significant digits).
+        page.select_option(".token-mode", "mismatch")
+        visible = page.evaluate(f"Array.from(document.querySelectorAll(\"{box} .t\"))"
+                                ".map(s => s.getBoundingClientRect().width > 0)")
+        i = max((i for i, m in enumerate(line["loss_mask"]) if m and visible[i]), key=lambda i: mismatch(line, i))
+        assert mismatch(line, i) > 1e-3 and abs(line["is_weight"][i] - 1) > 1e-3  # off-policy: the values differ
+        spans.nth(i).hover()
+        tip = page.inner_text(".token-tip")
+        assert f"token {i}: id {line['token_ids'][i]} " in tip
+        for label, key in (("trainer log-prob", "trainer_logprob"), ("sampler log-prob", "sampler_logprob"),
+                           ("IS weight", "is_weight"), ("advantage", "advantage"), ("entropy", "entropy")):
+            assert math.isclose(tip_value(tip, label), line[key][i], rel_tol=1e-3, abs_tol=1e-4), (label, tip)
+        mismatch = line["trainer_logprob"][i] - line["sampler_logprob"][i]
+        assert math.isclose(tip_value(tip, "mismatch"), mismatch, rel_tol=1e-3, abs_tol=1e-4), tip
+        page.screenshot(path=tmp_path / "trained-episode.png", full_page=True)
+        assert errors == []
+    finally:
+        stop(proc)
+
+
+LIVE_SECONDS = 6.0
+"""How soon a new metrics row must show on the page: the page polls every 2 s."""
+
+
+def count_rows(path: Path) -> int:
+    """Complete metrics rows written so far (0 before the file exists)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return 0
+    return sum(1 for line in text.split("\n")[:-1] if line.strip())
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"needs Chromium at {CHROMIUM} (apt-get install chromium)")
+def test_live_while_a_real_tiny_run_trains(browser, tmp_path):
+    run, steps = tmp_path / "live-run", 4
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        trainer = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model",
+                                    "tiny-qwen3", "--steps", str(steps), "--output", str(run), "--group-size", "2",
+                                    "--prompts-per-step", "2", "--max-new-tokens", "8"], stdout=out,
+                                   stderr=subprocess.STDOUT)
+    viewer = None
+    try:
+        deadline = time.monotonic() + 300
+        # The viewer opens a folder once the run has written its first file (config.yaml, after the model loads).
+        while not (run / "config.yaml").exists():
+            assert trainer.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run wrote no config.yaml in 300 s"
+            time.sleep(0.1)
+        viewer, url = start_view([run])
+        errors: list[str] = []
+        page = open_page(browser, url, errors)
+        loaded = count_rows(run / "metrics.jsonl")
+        shown_js = "(() => { const e = document.getElementById('steps-0'); return e ? Number(e.textContent) : -1; })()"
+        grew: dict[int, float] = {}  # row -> when metrics.jsonl first held it
+        seen: dict[int, float] = {}  # row -> when the page first showed it
+        ended = None
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            for k in range(loaded + 1, count_rows(run / "metrics.jsonl") + 1):
+                grew.setdefault(k, now)
+            shown = page.evaluate(shown_js)
+            for k in range(1, shown + 1):
+                seen.setdefault(k, time.monotonic())
+            if trainer.poll() is not None:
+                ended = ended or now
+                if trainer.returncode != 0 or shown >= steps or now - ended > 2 * LIVE_SECONDS:
+                    break
+            time.sleep(0.1)
+        assert trainer.wait(timeout=60) == 0, log.read_text()[-3000:]
+        latency = {k: round(seen[k] - grew[k], 2) for k in grew if k in seen}
+        (tmp_path / "latency.json").write_text(json.dumps({"loaded_with_rows": loaded, "grew": grew, "seen": seen,
+                                                           "latency": latency}))
+        print(f"live: page opened with {loaded} rows; seconds from row to page: {latency}")
+        assert len(grew) >= 2, f"the run wrote only {len(grew)} rows after the page opened"
+        assert sorted(latency) == sorted(grew), f"rows never shown: {sorted(set(grew) - set(latency))}"
+        assert all(v < LIVE_SECONDS for v in latency.values()), latency
+        # The curve holds every step the run wrote, by its step number.
+        xs = page.evaluate("window.agentrlCharts.reward_mean.data[0]")
+        assert xs == list(range(steps))
+        assert page.get_attribute('.chart[data-metric="reward_mean"]', "data-points") == str(steps)
+        page.screenshot(path=tmp_path / "live-run.png", full_page=True)
+        assert errors == []
+    finally:
+        stop(viewer)
+        stop(trainer)
 
 
 @pytest.mark.browser

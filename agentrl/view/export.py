@@ -108,7 +108,7 @@ def export_html(paths: Sequence[str | Path | RunFolder], out: str | Path, *, max
 def export_results(results: Mapping[str, Any]) -> str:
     """The export of one evaluation from its results alone (no folder: no episode pages), as a string."""
     title = f"agentrl eval: {results['env']['id']} x {results['model']['name']}"
-    overview = {"title": title, "curves": {"runs": []}, "live": False, "links": _EXPORT,
+    overview = {"title": title, "curves": {"runs": []}, "live": False, "waiting": False, "links": _EXPORT,
                 "cards": [{"index": 0, "name": str(results["env"]["id"]), "path": "", "problems": [], "lacks": [],
                            "plan": None, "config": None, "episodes": len(results.get("episodes", [])),
                            "eval": eval_block(results)}]}

@@ -153,8 +153,12 @@ def overview_page(runs: Sequence[RunFolder], links: Links = LIVE_LINKS) -> dict[
             "episodes": len(run.episodes()), "eval": _eval_block(run),
         })
     data = {"runs": [{"index": r.index, "name": r.name, "rows": r.metrics()} for r in runs]}
+    # A training run opened before its first step still gets the curves block (empty): its script polls, so the
+    # steps appear as they are written. Eval folders have no steps to wait for.
+    waiting = not links.export and any(not row["rows"] and not (r.path / "results.json").exists()
+                                       for r, row in zip(runs, data["runs"]))
     return {"title": "agentrl view: " + ", ".join(r.name for r in runs), "runs": _runs_header(runs),
-            "cards": cards, "curves": data, "links": links, "live": not links.export}
+            "cards": cards, "curves": data, "links": links, "live": not links.export, "waiting": waiting}
 
 
 # ---------------------------------------------------------------------------------------------------- episodes

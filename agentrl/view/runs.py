@@ -129,11 +129,15 @@ class RunFolder:
         path = Path(path).expanduser()
         if path.is_file():  # `agentrl view runs/x/metrics.jsonl` means its folder
             path = path.parent
+        # A run about to start is refused too (a mistyped path must not wait forever); the message says when to retry.
+        starting = ("; a run just started writes config.yaml once its model is loaded: start the viewer after that, "
+                    "it then shows each step as the run writes it")
         if not path.is_dir():
-            raise ViewError(f"run folder {path} not found; pass a folder written by `agentrl run` or `agentrl eval`")
+            raise ViewError(f"run folder {path} not found; pass a folder written by `agentrl run` or `agentrl eval`"
+                            f"{starting}")
         if not any((path / name).exists() for name in RUN_FILES):
             raise ViewError(f"{path} is not a run folder (none of {', '.join(RUN_FILES)}); pass a folder written by "
-                            f"`agentrl run` or `agentrl eval`")
+                            f"`agentrl run` or `agentrl eval`{starting}")
         self.path = path.resolve()
         self.index = index
         self.name = path.name if path.name not in ("", ".") else str(self.path)
