@@ -634,7 +634,8 @@ async def _openenv_session(server: EnvServer, websocket: Any) -> None:
                 await websocket.send_text(_openenv_error(f"Invalid JSON: {e}", "INVALID_JSON"))
                 continue
             kind, data = message.get("type"), message.get("data", {})
-            if kind == "close":
+            if kind == "close":  # the client is done: a close frame (1000), never a dropped connection (1006)
+                await websocket.close(code=1000)
                 break
             try:
                 reply = await _openenv_answer(server, session, kind, data)

@@ -428,13 +428,16 @@ def bind_socket(host: str, port: int, *, error: type[Exception] = OSError, backl
     return sock
 
 
-def uvicorn_server(app: ASGIApp, *, limits: HttpLimits = HttpLimits(), log_level: str = "warning") -> Any:
+def uvicorn_server(app: ASGIApp, *, limits: HttpLimits = HttpLimits(), log_level: str = "warning",
+                   error_body: Callable[[int, str], Mapping[str, Any]] = error_json) -> Any:
     """A ``uvicorn.Server`` for `app` holding clients to `limits` (slow and large headers included).
 
     Args:
         app: the ASGI app, normally wrapped in `HttpGuard`.
         limits: the bounds (the same object the `HttpGuard` got).
         log_level: uvicorn's log level; access logs are off.
+        error_body: the JSON body of the refusals written before the app runs (malformed requests, slow or huge
+            headers), as `HttpGuard`'s `error_body`: a server with its own error format passes the same function.
 
     Returns:
         The server; run it with ``server.run(sockets=[bind_socket(...)])`` or ``await server.serve(sockets=...)``.
@@ -443,20 +446,22 @@ def uvicorn_server(app: ASGIApp, *, limits: HttpLimits = HttpLimits(), log_level
 
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on", server_header=False,
-        http=_guarded_http_protocol(limits), h11_max_incomplete_event_size=limits.max_header_bytes,
+        http=_guarded_http_protocol(limits, error_body), h11_max_incomplete_event_size=limits.max_header_bytes,
         ws="websockets-sansio", ws_max_size=limits.ws_max_size, ws_max_queue=limits.ws_max_queue,
         ws_ping_interval=limits.ws_ping_interval, ws_ping_timeout=limits.ws_ping_timeout,
         timeout_keep_alive=limits.keep_alive, limit_concurrency=limits.limit_concurrency)
     return uvicorn.Server(config)
 
 
-def _raw_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": message}).encode()
+def _raw_response(status: int, reason: str, message: str,
+                  error_body: Callable[[int, str], Mapping[str, Any]] = error_json) -> bytes:
+    body = json.dumps(error_body(status, message)).encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"connection: close\r\n\r\n").encode() + body
 
 
-def _guarded_http_protocol(limits: HttpLimits) -> type:
+def _guarded_http_protocol(limits: HttpLimits,
+                           error_body: Callable[[int, str], Mapping[str, Any]] = error_json) -> type:
     """The HTTP protocol class of uvicorn with a deadline and a size cap on the request line and headers.
 
     uvicorn arms its keep-alive timer only after a response, so a client that connects and trickles its headers
@@ -528,8 +533,8 @@ def _guarded_http_protocol(limits: HttpLimits) -> type:
                 return
             self._disarm()
             if not self.transport.is_closing():
-                self.transport.write(_raw_response(400, "Bad Request", f"malformed HTTP request ({msg.rstrip('.')}"
-                                                                       f"); check the request line and headers"))
+                message = f"malformed HTTP request ({msg.rstrip('.')}); check the request line and headers"
+                self.transport.write(_raw_response(400, "Bad Request", message, error_body))
                 self.transport.close()
 
         def _arm(self) -> None:
@@ -551,7 +556,7 @@ def _guarded_http_protocol(limits: HttpLimits) -> type:
         def _refuse(self, status: int, reason: str, message: str) -> None:
             self._disarm()
             if not self.transport.is_closing():
-                self.transport.write(_raw_response(status, reason, message))
+                self.transport.write(_raw_response(status, reason, message, error_body))
                 self.transport.close()
 
     return GuardedHTTPProtocol

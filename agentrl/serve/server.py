@@ -540,7 +540,7 @@ def start_server(policy: PolicyServer, host: str = "127.0.0.1", port: int = 0, *
     guarded = HttpGuard(app, allowed_hosts=names, limits=limits, token=token, open_paths=("/health",),
                         error_body=openai_error)
     sock = bind_socket(host, port, error=ServerStartError)
-    uv = uvicorn_server(guarded, limits=limits)
+    uv = uvicorn_server(guarded, limits=limits, error_body=openai_error)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name="agentrl-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
