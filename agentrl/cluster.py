@@ -12,16 +12,24 @@ Three traps, each met on this project's machines:
   and the connection fails after 20 s of "InvalidAuthToken" lines. We run the same token lookup for every address.
 * An unreachable address or a missing token: we check the port answers first (seconds, not a 20 s retry loop) and
   turn Ray's ``ConnectionError`` into one message that names the address and the fix.
+
+``address="local"`` also ignores ``RAY_ADDRESS``, which ``ray job submit`` sets for the job's driver (to the head's
+``HOST:PORT``), so a submitted run would start a private Ray beside the cluster it was sent to. `choose_address`
+decides once, in this order: an explicit address (``--ray-address``, ``ray_address`` in the config); else
+``RAY_ADDRESS``; else a private local Ray.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["start_ray", "ClusterError", "find_auth_token", "shipped_code"]
+__all__ = ["start_ray", "ClusterError", "ClusterChoice", "choose_address", "find_auth_token", "shipped_code"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,57 @@ _shipped: tuple[str, ...] | None = None
 
 class ClusterError(RuntimeError):
     """The Ray cluster cannot be joined (unreachable, refused the auth token) or cannot host what the run asks."""
+
+
+@dataclass(frozen=True)
+class ClusterChoice:
+    """Which Ray a process uses, and why (what the run plan records and the log says).
+
+    Attributes:
+        address: the cluster to join (``HOST:PORT``, ``auto``, ``ray://HOST:PORT``), or None for a private local Ray.
+        source: where it came from: ``flag`` (``--ray-address`` or the config), ``RAY_ADDRESS``, or ``local``.
+        why: the choice in words.
+        warning: set when a ``RAY_ADDRESS`` was passed over (a dashboard URL), with what to do instead.
+    """
+
+    address: str | None
+    source: str
+    why: str
+    warning: str = ""
+
+    def say(self) -> None:
+        """Log the choice (info), and the warning when there is one."""
+        log.info("Ray: %s", self.why)
+        if self.warning:
+            log.warning("%s", self.warning)
+
+
+def choose_address(address: str | None, environ: Mapping[str, str] | None = None) -> ClusterChoice:
+    """The Ray cluster to join: an explicit `address` wins, else ``RAY_ADDRESS``, else a private local Ray.
+
+    ``ray job submit`` sets ``RAY_ADDRESS`` to the head's ``HOST:PORT`` for the job's driver, so a submitted
+    ``agentrl run`` joins the cluster it was sent to. An ``http(s)://`` ``RAY_ADDRESS`` is the dashboard that the Jobs
+    CLI talks to (Ray's docs tell users to export it for ``ray job submit``), not an address a driver can join: it
+    is passed over (the choice's `warning` says so) and the run starts a local Ray, as before. Nothing is logged
+    here: `ClusterChoice.say` does that where the choice is acted on.
+
+    Args:
+        address: ``--ray-address`` or ``ray_address`` from the config (None or empty: not given).
+        environ: the environment to read (default: this process's).
+    """
+    if address and address != "local":
+        return ClusterChoice(address, "flag", f"joins {address}: --ray-address (or ray_address in the config)")
+    env = os.environ if environ is None else environ
+    joined = env.get("RAY_ADDRESS", "").strip()
+    if address == "local" or not joined or joined == "local":
+        return ClusterChoice(None, "local", "a private local Ray: no --ray-address and no RAY_ADDRESS")
+    if "://" in joined and not joined.startswith("ray://"):
+        return ClusterChoice(None, "local", f"a private local Ray: RAY_ADDRESS={joined} is a dashboard URL", (
+            f"RAY_ADDRESS={joined} is a dashboard URL (what `ray job submit` talks to), not a cluster a driver "
+            f"joins: starting a private local Ray. To run on that cluster, submit the run with `ray job submit "
+            f"--address {joined} -- agentrl run ...`, or pass --ray-address HOST:PORT"))
+    return ClusterChoice(joined, "RAY_ADDRESS",
+                         f"joins {joined}: RAY_ADDRESS is set (`ray job submit` sets it for the job's driver)")
 
 
 def find_auth_token() -> str | None:
@@ -54,16 +113,16 @@ def _enable_token_auth_if_available() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
+def _check_reachable(address: str, timeout: float = 5.0, given_by: str = "--ray-address") -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterError(f"--ray-address {address!r} is not HOST:PORT, 'auto' or ray://HOST:PORT")
+        raise ClusterError(f"{given_by} {address!r} is not HOST:PORT, 'auto' or ray://HOST:PORT")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as e:
         raise ClusterError(f"no Ray cluster answers at {address} ({e.strerror or e}). Start one with "
-                           f"`ray start --head --port {port}` on that machine, or fix --ray-address") from None
+                           f"`ray start --head --port {port}` on that machine, or fix {given_by}") from None
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -73,7 +132,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     Args:
         address: ``HOST:PORT`` of a head, ``auto`` (the head on this machine), ``ray://HOST:PORT`` (Ray client), or
-            None for a new local instance, whatever heads or address files the machine holds.
+            None: the cluster ``RAY_ADDRESS`` names (as ``ray job submit`` sets it), else a new local instance,
+            whatever heads or address files the machine holds (see `choose_address`).
         num_cpus: logical CPUs of a new local instance (default: the machine's cores).
 
     Raises:
@@ -88,19 +148,30 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
+    from agentrl.logs import third_party_level
+
+    # Ray's start-up lines (INFO) stay out of the run's output unless --log-level debug.
+    kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level=third_party_level(), configure_logging=True)
     # glibc gives every stepping thread its own malloc arena; large numpy temporaries then stay as per-thread heap.
     # Two arenas keep envs with big transient arrays from multiplying their memory by the thread count.
     kwargs["runtime_env"] = {"env_vars": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2")}}
     code = _env_code()
     if code:
         kwargs["runtime_env"]["py_modules"] = list(code)
+    kwargs["runtime_env"] = _beside_job_env(kwargs["runtime_env"])
+    code = tuple(kwargs["runtime_env"].get("py_modules", ()))  # what is shipped after all
+    choice = choose_address(address)
+    if address:  # chosen by the caller (a recipe that resolved RAY_ADDRESS already says so)
+        log.info("Ray: joining %s", address)
+    else:
+        choice.say()
+    address = choice.address
     if not address:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **kwargs)
         _set_shipped(code)
         return True
     if address != "auto" and "://" not in address:
-        _check_reachable(address)
+        _check_reachable(address, given_by="--ray-address" if choice.source == "flag" else "RAY_ADDRESS")
     _enable_token_auth_if_available()
     try:
         ray.init(address=address, **kwargs)
@@ -113,6 +184,29 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         raise ClusterError(f"could not join the Ray cluster at {address}: {str(e).splitlines()[0]}. {hint}") from None
     _set_shipped(code)
     return True
+
+
+def _beside_job_env(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """`runtime_env` less what the submitted job's own runtime env sets: ``ray.init`` refuses any overlap.
+
+    A driver started by ``ray job submit --runtime-env-json ...`` finds its job's runtime env in
+    ``RAY_JOB_CONFIG_JSON_ENV_VAR``, and Ray will not merge an init runtime env that sets the same field or the same
+    env var ("Failed to merge the Job's runtime env"). The job's settings are the user's: they win.
+    """
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    try:
+        job = (json.loads(raw).get("runtime_env") or {}) if raw else {}
+    except (ValueError, AttributeError):  # not ours to judge: Ray reads it again and says what is wrong
+        return runtime_env
+    if not job:
+        return runtime_env
+    fitted = {k: v for k, v in runtime_env.items() if k == "env_vars" or k not in job}
+    fitted["env_vars"] = {k: v for k, v in runtime_env.get("env_vars", {}).items()
+                          if k not in (job.get("env_vars") or {})}
+    if "py_modules" in runtime_env and "py_modules" in job:
+        log.warning("the submitted job sets its own py_modules, so the env code %s is not shipped to the workers: "
+                    "add it to the job's py_modules", runtime_env["py_modules"])
+    return fitted
 
 
 def _env_code() -> tuple[str, ...]:

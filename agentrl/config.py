@@ -612,8 +612,9 @@ class RunConfig:
     `agentrl view` (0: none). About 40 bytes a token: 1,000 steps at 2 cost ~20 MB on math (~200-token samples),
     ~230 MB on WebShop (~3k tokens)."""
     ray_address: str | None = None
-    """Ray cluster to join (``auto``, ``ray://host:10001``) for runners, engines and trainer workers; None starts a
-    quiet local Ray when the run needs one."""
+    """Ray cluster to join (``HOST:PORT``, ``auto``, ``ray://host:10001``) for runners, engines and trainer workers;
+    None joins the one ``RAY_ADDRESS`` names (``ray job submit`` sets it), else starts a quiet local Ray when the run
+    needs one."""
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "steps", self.steps, ">= 1")

@@ -18,13 +18,15 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "check_model_name", "UnknownModelError"]
 
@@ -151,8 +153,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
         loaded.name = name
         return loaded
     if not _looks_local(name):  # the hub client retries for about a minute when offline: say what is going on
-        print(f"model {name!r} is not a built-in or a local folder: loading it from the Hugging Face hub",
-              file=sys.stderr)
+        log.warning("model %r is not a built-in or a local folder: loading it from the Hugging Face hub", name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)

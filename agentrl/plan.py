@@ -41,6 +41,7 @@ class RunPlan:
         peak_gib: the estimated peak memory of a training step (per worker).
         limit_gib: the memory the step may use (per worker).
         ray: ``none``, ``local`` (started for this run) or the cluster address joined.
+        ray_why: how that Ray was chosen: ``--ray-address``, ``RAY_ADDRESS`` (``ray job submit``) or neither.
         placement: the devices reserved for trainer workers and engines, in words (empty: none reserved).
         lora: LoRA adapters and how the engines get them, in words (empty: full fine-tuning).
         sync_adapters: the weight sync ships the adapters alone (else the full weights, merged with LoRA).
@@ -67,6 +68,7 @@ class RunPlan:
     lora: str = ""
     sync_adapters: bool = False
     returns_freed_memory: bool = False
+    ray_why: str = ""
 
     def rows(self) -> list[tuple[str, str]]:
         """The plan as (what, choice and why) rows, for the start-of-run table."""
@@ -81,7 +83,7 @@ class RunPlan:
             ("memory", f"peak ~{self.peak_gib:.1f} GiB {limit}; gradient checkpointing "
                        f"{'on' if self.gradient_checkpointing else 'off'}"
                        + ("; freed memory back to the OS at once" if self.returns_freed_memory else "")),
-            ("ray", self.ray + (f"; reserved: {self.placement}" if self.placement else "")),
+            ("ray", self.ray + why(self.ray_why) + (f"; reserved: {self.placement}" if self.placement else "")),
         ] + ([("lora", self.lora)] if self.lora else [])
 
     def table(self) -> str:

@@ -13,6 +13,8 @@ id wins over an entry point.
 An unregistered env can be named by where its class lives, as Gymnasium's ``make("module:Id")`` does:
 ``"my_package.my_env:MyEnv"`` (imported with importlib, so it must be importable from `sys.path`) or
 ``"path/to/my_env.py:MyEnv"`` (a file, relative to the current folder or absolute, imported as module ``my_env``).
+The `agentrl` command puts its ``--app-dir`` (default: the current folder) first on `sys.path` through `use_app_dir`,
+as uvicorn and gunicorn do, so ``pkg.mod:Class`` resolves from the folder the command is typed in.
 Such ids are not listed by `registered`. Neither is a served env's URL, ``http://HOST:PORT/NAME`` (see
 `agentrl.remote`): its spec stands a `RemoteEnv` class in for the env served there; nor an OpenEnv server's,
 ``openenv+http://HOST:PORT`` (`agentrl.openenv.OpenEnvEnv`).
@@ -24,6 +26,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import site
 import sys
@@ -41,7 +44,9 @@ from agentrl.env import TextEnv
 ENTRY_POINT_GROUP = "agentrl.envs"
 
 __all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "register", "make", "registered", "spec", "short_name",
-           "loaded_env_code"]
+           "loaded_env_code", "use_app_dir"]
+
+log = logging.getLogger(__name__)
 
 
 class UnknownEnvError(KeyError):
@@ -117,6 +122,33 @@ def _load_entry_points() -> None:
             continue
         package = ep.dist.name if ep.dist is not None else ""
         _specs[ep.name] = EnvSpec(id=ep.name, entry_point=ep.value, package=package)
+    log.debug("env entry points (group %s): %s", ENTRY_POINT_GROUP, ", ".join(sorted(_specs)) or "(none)")
+
+
+def use_app_dir(folder: str | os.PathLike[str] = ".") -> str:
+    """Put `folder` first on `sys.path`, so ``pkg.mod:Class`` env ids and ``--agent pkg.mod:function`` import from it.
+
+    A console script's ``sys.path[0]`` is the folder of the script (the venv's ``bin/``), not the current folder as
+    for ``python -m``: without this, ``--env examples.my_env:MyEnv`` typed in a checkout fails with "No module named
+    'examples'". uvicorn's and gunicorn's ``--app-dir`` (default ``"."``) do the same.
+
+    Args:
+        folder: the folder to import from (relative to the current folder, or absolute).
+
+    Returns:
+        The folder as an absolute path.
+
+    Raises:
+        ValueError: `folder` is not an existing folder.
+    """
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        raise ValueError(f"--app-dir {str(folder)!r} is not a folder; name the folder your module:Class ids import "
+                         f"from (default: the current folder)")
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    log.debug("--app-dir: importing module:attr names from %s first", path)
+    return str(path)
 
 
 def register(id: str, entry_point: str | Callable[..., TextEnv], **defaults: Any) -> EnvSpec:
@@ -203,6 +235,7 @@ def _import_spec(id: str) -> EnvSpec:
     if not source or not attr.isidentifier():
         raise EnvLoadError(f"cannot load env {id!r}: expected 'package.module:ClassName' or "
                            f"'path/to/file.py:ClassName'")
+    log.debug("env %r: importing %s %r", id, "file" if _is_file(source) else "module", source)
     module = _load_file(id, source) if _is_file(source) else _import_module(id, source)
     cls = getattr(module, attr, None)
     where = source if _is_file(source) else f"module {source!r}"
@@ -273,7 +306,8 @@ def _import_module(id: str, source: str) -> ModuleType:
     except ModuleNotFoundError as e:
         if e.name and (source == e.name or source.startswith(e.name + ".")):
             raise EnvLoadError(f"cannot load env {id!r}: no module named {e.name!r} on sys.path; install it, run "
-                               f"from the folder that holds it, or name a file: path/to/file.py:Class") from None
+                               f"from the folder that holds it (or pass --app-dir FOLDER), or name a file: "
+                               f"path/to/file.py:Class") from None
         raise EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
     except Exception as e:
         raise EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None

@@ -267,7 +267,7 @@ def test_agentrl_run_refuses_a_head_dim_the_cpu_build_cannot_serve(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "run", "--env", "math", "--model", "tiny-qwen3", "--engine", "vllm",
          "--steps", "1", "--output", str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2 and "head_dim 16" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "head_dim 16" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "trajectories.jsonl").exists()  # refused before any rollout
 
 

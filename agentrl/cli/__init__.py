@@ -17,12 +17,65 @@ webshop_app = typer.Typer(help="WebShop tools.", no_args_is_help=True)
 app.add_typer(webshop_app, name="webshop")
 
 
-_ENV_HELP = "Env id (see `agentrl envs list`), or package.module:Class, or path/to/file.py:Class."
+_ENV_HELP = ("Env id (see `agentrl envs list`), or package.module:Class (imported from --app-dir, default the "
+             "current folder), or path/to/file.py:Class.")
+
+# Exit codes, as shells and CI read them: 2 when the command line (or its config) is wrong and nothing was tried, as
+# click's own usage errors; 1 when the work itself failed (training, the cluster, a server); 128 + N for signal N
+# (130 Ctrl-C, 143 SIGTERM).
+USAGE_ERROR, FAILURE = 2, 1
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = USAGE_ERROR) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from agentrl import __version__
+
+        typer.echo(f"agentrl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print agentrl's version and exit."),
+    log_level: str = typer.Option("warning", "--log-level", envvar="AGENTRL_LOG_LEVEL", show_envvar=True,
+                                  metavar="LEVEL", help="debug, info, warning, error or critical: agentrl's log lines "
+                                                        "at this level and above go to stderr (debug also lets Ray's "
+                                                        "and vLLM's start-up lines through)."),
+    app_dir: Path = typer.Option(Path("."), "--app-dir", metavar="FOLDER",
+                                 help="Put FOLDER first on the import path before resolving package.module:attr "
+                                      "names (--env pkg.mod:Class, --agent pkg.mod:function), as uvicorn does: a "
+                                      "console script does not import from the current folder by itself."),
+) -> None:
+    """Train LLM agents with RL on multi-turn text environments."""
+    from agentrl.logs import configure_logging
+    from agentrl.registry import use_app_dir
+
+    try:
+        configure_logging(log_level)
+        use_app_dir(app_dir)
+    except ValueError as e:
+        _fail(str(e))
+
+
+@app.command("doctor")
+def doctor_(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    model: str | None = typer.Option(None, "--model", help="Model the engine choice is made for (default: the run "
+                                                           "config's default model)."),
+) -> None:
+    """Report what this machine offers: versions, CPU features (native bf16), cores, memory, GPUs, tools, engine."""
+    import json
+
+    from agentrl.cli.doctor import collect, render
+
+    report = collect(model)
+    typer.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
 @envs_app.command("list")
@@ -146,8 +199,10 @@ def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tup
     code = 0
     try:
         out = train(cfg, resume=resume is not None, overwrite=overwrite)
-    except (ConfigError, UnknownModelError, UnknownEnvError, TrainingError) as e:
+    except (ConfigError, UnknownModelError, UnknownEnvError) as e:
         _fail(str(e))
+    except TrainingError as e:  # the run started and failed (or refused a setting only the loaded model shows)
+        _fail(str(e), FAILURE)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`RunStopped`)
         code = exit_code(e)
     if code:  # said outside the except: the stopped frames (and their progress bars) are gone, so this is the end
@@ -216,8 +271,10 @@ def _sft(overrides: dict, config: Path | None, env_arg: tuple[str, ...], overwri
     try:
         cfg = _configured(load_sft_config(config), overrides, env_arg)
         out = run_sft(cfg, overwrite=overwrite)
-    except (ConfigError, SFTError, UnknownModelError, UnknownEnvError, ClusterError, TrainerFailure) as e:
+    except (ConfigError, SFTError, UnknownModelError, UnknownEnvError) as e:
         _fail(str(e))
+    except (ClusterError, TrainerFailure) as e:
+        _fail(str(e), FAILURE)
     except KeyboardInterrupt:
         _fail("interrupted; nothing was checkpointed", code=130)
     summary = (out / "summary.json").read_text()
@@ -281,7 +338,8 @@ def eval_(
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
     seed_offset: int | None = typer.Option(None, "--seed-offset", help="First task seed (default: 1000000)."),
     runners: int = typer.Option(0, "--runners", help="Concurrent env runners in Ray actors (0 = in-process)."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (default: local)."),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                             help="Join this Ray cluster (default: RAY_ADDRESS's, else a local Ray)."),
     engine: str = typer.Option("auto", "--engine",
                                 help="Inference engine: auto (vLLM where it serves the model), hf or vllm."),
     engine_dtype: str = typer.Option("", "--engine-dtype", help="Engine precision (default: the model's)."),
@@ -336,8 +394,10 @@ def eval_(
             ray_address=ray_address, log=LogConfig(trackers=tuple(log)),
         )
         results = evaluate(cfg)
-    except (EvalError, ConfigError, UnknownModelError, UnknownEnvError, ClusterError, ProtocolError) as e:
+    except (EvalError, ConfigError, UnknownModelError, UnknownEnvError, ProtocolError) as e:
         _fail(str(e))
+    except ClusterError as e:
+        _fail(str(e), FAILURE)
     except KeyboardInterrupt:
         _fail("interrupted; nothing was written", code=130)
     print_results(results)
@@ -509,7 +569,7 @@ def webshop_serve(
     try:
         serve(host=host, port=port, **_parse_kwargs(env_arg))
     except (TypeError, ValueError, OSError) as e:
-        _fail(f"cannot serve WebShop: {e}")
+        _fail(f"cannot serve WebShop: {e}", FAILURE if isinstance(e, OSError) else USAGE_ERROR)
 
 
 @env_app.command("serve")
@@ -537,7 +597,7 @@ def env_serve(
     try:
         from agentrl.env_server import ServeError, ServeSettings, serve
     except ImportError as e:
-        _fail(f"agentrl env serve needs FastAPI and uvicorn: pip install 'agentrl[serve]' ({e})")
+        _fail(f"agentrl env serve needs FastAPI and uvicorn: pip install 'agentrl[serve]' ({e})", FAILURE)
     try:
         from agentrl.http_guard import HttpLimits
 
@@ -554,7 +614,7 @@ def env_serve(
     except agentrl.UnknownEnvError as e:
         _fail(str(e))
     except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
-        _fail(f"cannot serve {env!r}: {e}")
+        _fail(f"cannot serve {env!r}: {e}", FAILURE if isinstance(e, OSError) else USAGE_ERROR)
     except KeyboardInterrupt:
         pass
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import sys
@@ -52,7 +53,7 @@ from agentrl.engine.base import (
     SamplingParams,
 )
 
-__all__ = ["VLLMEngine", "vllm_sampling_params", "check_servable", "vllm_available"]
+__all__ = ["VLLMEngine", "vllm_sampling_params", "check_servable", "vllm_available", "quiet_vllm"]
 
 GIB = 1 << 30
 
@@ -71,8 +72,21 @@ _FIELD_MAP = {
 }
 
 
+def quiet_vllm() -> None:
+    """Keep vLLM's start-up INFO lines out of the run's output, unless the user set ``VLLM_LOGGING_LEVEL``.
+
+    vLLM configures its logger once, when ``vllm`` is first imported, from ``VLLM_LOGGING_LEVEL``: so this runs before
+    every import of it here (`vllm_available` is the first, from the engine choice). ``--log-level debug`` lets them
+    through (`agentrl.logs.third_party_level`).
+    """
+    from agentrl.logs import third_party_level
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(third_party_level()))
+
+
 def vllm_available() -> str | None:
     """None when vLLM imports here, else why not (one line)."""
+    quiet_vllm()
     try:
         import vllm  # noqa: F401
     except Exception as e:  # a broken install (CUDA torchvision beside CPU torch) raises more than ImportError
@@ -229,7 +243,6 @@ class VLLMEngine:
         self.model_dir = Path(model_dir)
         check_servable(self.model_dir, kv_cache_gib=kv_cache_gib)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see the module docstring
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
         kwargs: dict[str, Any] = {}

@@ -20,7 +20,7 @@ import yaml
 import agentrl
 from agentrl.chat.context import ChatContext
 from agentrl.chat.layout import resolve_context
-from agentrl.cluster import start_ray
+from agentrl.cluster import choose_address, start_ray
 from agentrl.config import ConfigError, RunConfig, config_to_dict
 from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines, choose_engine
 from agentrl.engine.kv_cache import size_kv_cache
@@ -307,8 +307,10 @@ def lora_plan(cfg: RunConfig, policy: LoadedModel, engine_kind: str) -> tuple[st
 
 
 def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns_ray: bool,
-                 placement: Placement | None) -> tuple[RunConfig, RunPlan, MemoryPlan]:
+                 placement: Placement | None, ray_why: str = "") -> tuple[RunConfig, RunPlan, MemoryPlan]:
     """Every `auto` of the config decided once: the context, the engine, the KV size and the memory plan.
+
+    `ray_why` says how the cluster was chosen (`agentrl.cluster.choose_address`), for the plan's ``ray`` row.
 
     Returns:
         The config with the engine kind and the observation role written in (what config.yaml saves, so `agentrl
@@ -340,6 +342,7 @@ def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns
         gradient_checkpointing=memory.gradient_checkpointing, peak_gib=memory.estimate.total / 2**30,
         limit_gib=memory.limit / 2**30,
         ray="none" if not (owns_ray or cfg.ray_address) else (cfg.ray_address or "local"),
+        ray_why=ray_why if owns_ray or cfg.ray_address else "",
         placement=placement.plan.describe() if placement is not None else "", lora=lora_line, sync_adapters=adapters,
         returns_freed_memory=run_threshold_kb(T.return_freed_memory, memory.gradient_checkpointing) > 0)
     return cfg, plan, memory
@@ -463,6 +466,12 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
 
         load_agent(cfg.agent.function)
     state = resume_state(cfg, out) if resume else None
+    # A `ray job submit` driver joins the job's cluster (RAY_ADDRESS) as --ray-address would: engines and trainers
+    # become actors there. config.yaml keeps what was asked, so a resume in another job joins that job's cluster.
+    asked_ray, cluster = cfg.ray_address, choose_address(cfg.ray_address)
+    cfg = replace(cfg, ray_address=cluster.address)
+    if cluster.source == "RAY_ADDRESS":  # start_ray, given the address, says only where it joins
+        cluster.say()
     with contextlib.ExitStack() as undo:  # a set-up that fails half way releases what it had built
         owns_ray = connect_ray(cfg)
         claim_sigterm()  # ray.init gave SIGTERM to Ray's C++ handler, which prints a stack dump: take it back
@@ -475,7 +484,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         policy = load_model(source, dtype=getattr(torch, cfg.trainer.dtype))
         policy.name = cfg.model
         cfg, plan, memory = resolve_plan(cfg, policy, single_turn=single_turn, owns_ray=owns_ray,
-                                         placement=placement)
+                                         placement=placement, ray_why=cluster.why)
         announce(plan)
         backend = build_backend(cfg.trainer, cfg.optim, memory, policy=policy, source=source, placement=placement,
                                 seed=cfg.seed)
@@ -490,7 +499,8 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
             for stale in ("metrics.jsonl", "trajectories.jsonl", TOKEN_VALUES):
                 (out / stale).unlink(missing_ok=True)
             clear_tracker_files(out)
-        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(replace(cfg, ray_address=asked_ray)),
+                                                        sort_keys=False))
         plan.save(out)
         log = RunLog.open(out, cfg.log.trackers, config_to_dict(cfg), project=cfg.log.project,
                           run_name=cfg.log.run_name, table_episodes=cfg.log.table_episodes,
