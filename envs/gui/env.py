@@ -9,13 +9,21 @@ Departures from AndroidWorld, and why:
       renderer: the fast one hit-tests in Python, the browser one lets Chromium decide what was hit.
     * Like AndroidWorld, success is judged on the final state when the episode ends, whether the agent declared
       `complete` or the step budget ran out; declaring `infeasible` is always a failure (every task is feasible).
+
+The success check runs under a hard budget (``reward_budget_s``, 5 s by default): in a worker process of
+`agentrl.budget` that is killed past the budget, since it reads what the agent typed and answered. A check that hits
+the budget is a failure (reward 0) and the final step's ``info`` has ``grade_budget_exceeded`` True and
+``grade_refused`` saying why; ``grade_budget_exceeded`` is False on every other final step.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from agentrl import budget
 from agentrl.env import ClientSetting, TextEnv
 
 from .actions import Action, ActionError, format_call, parse_action
@@ -24,7 +32,7 @@ from .render_browser import BrowserHost, BrowserRenderer  # Playwright itself lo
 from .render_fast import FastRenderer
 from .renderer import Renderer
 from .state import APPS, generate_world
-from .tasks import TASK_TYPES, Task, sample_task
+from .tasks import TASK_TYPES, Task, check_task, sample_task
 from .ui import HEIGHT, WIDTH, Screen
 
 __all__ = ["GuiEnv"]
@@ -33,6 +41,10 @@ _RENDERERS = ("fast", "browser")
 _OBSERVATIONS = ("full", "compact")
 _ACTION_FORMATS = ("json", "call")
 _SWIPE_TO_SCROLL = {"up": "down", "down": "up", "left": "right", "right": "left"}
+DEFAULT_REWARD_BUDGET_S = 5.0
+"""Seconds one success check may take in its worker process before it is killed and counted as a failure."""
+
+_logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = f"""You operate an Android phone to complete a task. Each turn you see the task and the screen as a \
 numbered list of UI elements (class, text, flags, pixel bbox on a {WIDTH}x{HEIGHT} screen). Reply with exactly one \
@@ -85,6 +97,10 @@ class GuiEnv(TextEnv):
             (``tap(3)``, 4 tokens instead of ~12). Both parse either way.
         shared: a `BrowserHost` to open pages in (runner pools build one per process through `GuiEnv.shared`);
             by default browser envs share a module-level one.
+        reward_budget_s: the most seconds the success check may take, in a worker process that is killed past it
+            (`agentrl.budget`); such an episode fails and the step's ``info`` has ``grade_budget_exceeded`` True.
+            None checks in this process, without the budget (trusted use only). The operator's setting: a client of
+            a served env cannot set it.
     """
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
@@ -114,6 +130,7 @@ class GuiEnv(TextEnv):
         shared: Any = None,
         observation: str = "full",
         action_format: str = "json",
+        reward_budget_s: float | None = DEFAULT_REWARD_BUDGET_S,
     ):
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
@@ -123,6 +140,17 @@ class GuiEnv(TextEnv):
             raise ValueError(f"observation must be one of {', '.join(_OBSERVATIONS)}, got {observation!r}")
         if action_format not in _ACTION_FORMATS:
             raise ValueError(f"action_format must be one of {', '.join(_ACTION_FORMATS)}, got {action_format!r}")
+        if reward_budget_s is not None and (
+            isinstance(reward_budget_s, bool)
+            or not isinstance(reward_budget_s, (int, float))
+            or not 0 < reward_budget_s < math.inf
+        ):
+            raise ValueError(f"reward_budget_s must be a positive number of seconds or None, got {reward_budget_s!r}")
+        self.reward_budget_s = reward_budget_s
+        if reward_budget_s is not None:
+            # Workers started from now on import the checker's module up front: a check costs a pipe round trip,
+            # not an import inside its budget.
+            budget.preload(check_task.__module__)
         self.observation = observation
         self.action_format = action_format
         self._describe = Screen.describe_compact if observation == "compact" else Screen.describe
@@ -183,8 +211,15 @@ class GuiEnv(TextEnv):
         if terminated or truncated:
             self._done = True
             declared_infeasible = terminated and answer is None and "infeasible" in feedback
-            success = not declared_infeasible and self.task.check(self.phone.state, answer)
+            refused = None
+            if declared_infeasible:
+                success = False
+            else:
+                success, refused = self._check(answer)
             info["success"] = success
+            info["grade_budget_exceeded"] = refused is not None
+            if refused is not None:
+                info["grade_refused"] = refused
             reward = 1.0 if success else 0.0
         return self._observe(feedback), reward, terminated, truncated, info
 
@@ -200,6 +235,17 @@ class GuiEnv(TextEnv):
         self.renderer.close()
 
     # ------------------------------------------------------------------ internals
+
+    def _check(self, answer: str | None) -> tuple[bool, str | None]:
+        """The task's success on the final state: ``(success, None)``, or ``(False, why)`` past the budget."""
+        if self.reward_budget_s is None:
+            return self.task.check(self.phone.state, answer), None
+        try:
+            return bool(budget.run_with_budget(check_task, self.task, self.phone.state, answer,
+                                               budget_s=self.reward_budget_s)), None
+        except budget.BudgetExceeded as e:
+            _logger.warning("gui: %s; the episode counts as failed", e)
+            return False, f"the success check ran past its budget of {self.reward_budget_s:g} s"
 
     def _perform(self, action: Action) -> str:
         """Carry out a gesture through the renderer and say what happened."""

@@ -27,7 +27,7 @@ import numpy as np
 from .state import SETTINGS, SHOP_CATALOGUE, PhoneState, digits
 from .ui import Screen
 
-__all__ = ["Task", "TASK_TYPES", "sample_task"]
+__all__ = ["Task", "TASK_TYPES", "check_task", "sample_task"]
 
 _MESSAGES = (
     "see you at 5", "on my way", "running late, sorry", "call me back please", "happy birthday!",
@@ -286,6 +286,16 @@ class ContactPhone(Task):
         if (route.app, route.page) == ("contacts", "main"):
             return _click(screen, f"contact:{self.name}")
         return _go(state, screen, "contacts")
+
+
+def check_task(task: Task, state: PhoneState, answer: str | None) -> bool:
+    """``task.check(state, answer)`` as a module-level function, so a budget worker process can run it.
+
+    `GuiEnv` sends it through `agentrl.budget.run_with_budget`: the task, the state and the answer are frozen
+    dataclasses and strings, all picklable, so the whole check (which reads the agent's typed texts and answer)
+    runs under the hard budget.
+    """
+    return task.check(state, answer)
 
 
 def _toggle_task(rng: np.random.Generator, state: PhoneState) -> Task:

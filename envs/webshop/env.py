@@ -10,6 +10,14 @@ parsed with the original's ``(.+)\\[(.+)\\]`` and lowercased. Anything else is a
 reward 0 (``info["error"]`` says why), and the step counts against `max_steps`. ``click[buy now]`` scores the
 purchase with `score` and ends the episode.
 
+The score is computed under a hard budget (``reward_budget_s``, 5 s by default): in a worker process of
+`agentrl.budget` that is killed past the budget, so no purchase can freeze the process that steps the env (a served
+env's other sessions, a runner's rollout loop) whatever the scorer does with it. The worker gets only the fields the
+score reads, with the title nouns the catalogue tagged (it never loads spaCy), and returns the same floats as scoring
+in this process. A purchase whose scoring hits the budget scores 0 (a failed purchase) and ends the episode as any
+purchase does; the buying step's ``info`` then has ``grade_budget_exceeded`` True and ``grade_refused`` saying why
+(``grade_budget_exceeded`` is False on every other buying step), as `MathEnv` reports its grades.
+
 Reward conventions (``reward_convention``):
 
 * ``"original"`` (default): the step that buys returns the score in [0, 1]; every other step returns 0.
@@ -22,12 +30,15 @@ Every departure from princeton-nlp/WebShop is listed, with its reason, in ``envs
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
+from agentrl import budget
 from agentrl.env import ClientSetting, TextEnv
 from agentrl.envs.webshop.catalog import SPLITS
 from agentrl.envs.webshop.pages import (
@@ -43,7 +54,15 @@ from agentrl.envs.webshop.pages import (
     start_page,
     sub_page,
 )
-from agentrl.envs.webshop.reward import NOUN_TAGGERS, score_breakdown
+from agentrl.envs.webshop.reward import (
+    GOAL_FIELDS,
+    NOUN_FIELDS,
+    NOUN_TAGGERS,
+    PRODUCT_FIELDS,
+    ScoreBreakdown,
+    record_nouns,
+    score_breakdown,
+)
 from agentrl.envs.webshop.search import TOP_N
 from agentrl.envs.webshop.shared import WebShopResource
 
@@ -56,6 +75,10 @@ HTML_ACTION_URL = "/step"
 """Where the buttons of ``html`` observations post their action (the `server` serves the same pages there)."""
 VERL_AGENT_WIN_REWARD = 10.0
 _ACTION = re.compile(r"(.+)\[(.+)\]")
+DEFAULT_REWARD_BUDGET_S = 5.0
+"""Seconds one purchase's scoring may take in its worker process before it is killed and scored 0."""
+
+_logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = """You are shopping in WebShop for the product the instruction describes.
 Each turn, reply with exactly one action:
@@ -87,6 +110,10 @@ class WebShopEnv(TextEnv):
         reward_convention: "original" or "verl-agent" (see the module docstring).
         noun_tagger: title nouns for the type score: "auto" (spaCy when installed), "spacy" or "heuristic".
         shared: a `WebShopResource` already opened for these kwargs (runner pools pass one to every env).
+        reward_budget_s: the most seconds scoring one purchase may take, in a worker process that is killed past it
+            (`agentrl.budget`); such a purchase scores 0 and the step's ``info`` has ``grade_budget_exceeded`` True.
+            None scores in this process, without the budget (trusted use only). The operator's setting: a client of
+            a served env cannot set it.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
@@ -124,6 +151,7 @@ class WebShopEnv(TextEnv):
         noun_tagger: str = "auto",
         shared: WebShopResource | None = None,
         render_mode: str | None = None,
+        reward_budget_s: float | None = DEFAULT_REWARD_BUDGET_S,
     ):
         if split not in SPLITS:
             raise ValueError(f"webshop: split must be one of {SPLITS}, got {split!r}")
@@ -139,6 +167,11 @@ class WebShopEnv(TextEnv):
                 f"webshop: noun_tagger must be 'auto' or one of {sorted(NOUN_TAGGERS)}, got {noun_tagger!r}")
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"webshop: max_steps must be >= 1, got {max_steps}")
+        if reward_budget_s is not None and (isinstance(reward_budget_s, bool)
+                                            or not isinstance(reward_budget_s, (int, float))
+                                            or not 0 < reward_budget_s < math.inf):
+            raise ValueError(
+                f"webshop: reward_budget_s must be a positive number of seconds or None, got {reward_budget_s!r}")
         if shared is not None and not isinstance(shared, WebShopResource):
             raise TypeError(f"webshop: shared must be a WebShopResource, got {type(shared).__name__}")
         self.resource = shared if shared is not None else WebShopResource.build(
@@ -154,6 +187,12 @@ class WebShopEnv(TextEnv):
         self.noun_tagger = noun_tagger
         self.max_steps = max_steps
         self.render_mode = render_mode
+        self.reward_budget_s = reward_budget_s
+        if reward_budget_s is not None:
+            # Workers started from now on import the scorer's module up front, so a purchase costs a pipe round
+            # trip, not an import inside its budget. Nothing more: the worker reads stored nouns (no spaCy).
+            budget.preload(score_breakdown.__module__)
+        self._refused: str | None = None  # why the last purchase's scoring was refused (its budget), or None
         self.goal: dict[str, Any] | None = None
         self._page = Page("start", ())
 
@@ -206,6 +245,10 @@ class WebShopEnv(TextEnv):
         info = self._info(error=error)
         if self.done or truncated:
             info["success"] = self.done and self.reward >= 1.0 - 1e-9
+        if name == "click" and arg == "buy now" and self.done:  # the buying step: say how its score was computed
+            info["grade_budget_exceeded"] = self._refused is not None
+            if self._refused is not None:
+                info["grade_refused"] = self._refused
         if self.reward_convention == "verl-agent":
             info["task_score"] = reward
             info["won"] = self.done and reward == 1.0
@@ -256,10 +299,11 @@ class WebShopEnv(TextEnv):
         element = self._clickables[key]
         page = self._page.name
         if key == "buy now":
-            breakdown = score_breakdown(self.goal, self._product, self.chosen, self.noun_tagger)
-            self.done, self.reward, self.breakdown = True, breakdown.total, breakdown
-            self._show(done_page(breakdown.total, self._product["asin"], self.chosen))
-            return breakdown.total
+            breakdown, self._refused = self._score()
+            total = breakdown.total if breakdown is not None else 0.0
+            self.done, self.reward, self.breakdown = True, total, breakdown
+            self._show(done_page(total, self._product["asin"], self.chosen))
+            return total
         if key == "back to search":
             self._go_start()
         elif key == "next >" and page == "results":
@@ -282,6 +326,20 @@ class WebShopEnv(TextEnv):
             self.chosen[element.group] = element.text
             self._show_item()
         return 0.0
+
+    def _score(self) -> tuple[ScoreBreakdown | None, str | None]:
+        """Score the purchase: ``(breakdown, None)``, or ``(None, why)`` when scoring ran past its budget."""
+        if self.reward_budget_s is None:
+            return score_breakdown(self.goal, self._product, self.chosen, self.noun_tagger), None
+        goal = _scoring_record(self.goal, GOAL_FIELDS, self.noun_tagger)
+        product = _scoring_record(self._product, PRODUCT_FIELDS, self.noun_tagger)
+        try:
+            breakdown = budget.run_with_budget(score_breakdown, goal, product, dict(self.chosen), self.noun_tagger,
+                                               budget_s=self.reward_budget_s)
+        except budget.BudgetExceeded as e:
+            _logger.warning("webshop: %s; the purchase scores 0", e)
+            return None, f"scoring ran past its budget of {self.reward_budget_s:g} s"
+        return breakdown, None
 
     def _show(self, page: Page) -> None:
         self._page = page
@@ -313,7 +371,7 @@ class WebShopEnv(TextEnv):
             info["error"] = error
         if self.done:
             info["score"] = self.reward
-            info["score_parts"] = self.breakdown
+            info["score_parts"] = self.breakdown  # None when scoring ran past its budget
             info["success"] = self.reward >= 1.0 - 1e-9
         return info
 
@@ -363,3 +421,17 @@ class WebShopEnv(TextEnv):
         else:  # human goals list values only: find the option each belongs to
             wanted = [(name, v) for v in goal_options for name, values in options.items() if v in values]
         return [(name, v) for name, v in wanted if name in options and self.chosen.get(name) != v]
+
+
+def _scoring_record(record: Mapping[str, Any], fields: tuple[str, ...], tagger: str) -> dict[str, Any]:
+    """What the budget worker needs of a goal or product: the fields the score reads and the title nouns.
+
+    Only those fields travel (a pipe round trip, not the whole record with its reviews and images). The nouns are
+    the ones `record_nouns` gives here (the catalogue's stored nouns; a tagger other than the catalogue's tags the
+    catalogue's name here, as scoring in this process did), stored under `tagger` so that the worker reads them and
+    never loads spaCy (~100 MB and seconds per worker, which a first purchase's budget would pay).
+    """
+    slim = {key: record[key] for key in fields if key in record}
+    if "name" in record:
+        slim[NOUN_FIELDS[0]], slim[NOUN_FIELDS[1]] = record_nouns(record, tagger), tagger
+    return slim

@@ -41,7 +41,9 @@ from typing import Any
 
 __all__ = [
     "COLOR_WORDS",
+    "GOAL_FIELDS",
     "NOUN_TAGGERS",
+    "PRODUCT_FIELDS",
     "ScoreBreakdown",
     "heuristic_title_nouns",
     "normalize_color",
@@ -345,6 +347,13 @@ def _count_options(goal_items: Sequence[OptionItem], chosen: Mapping[str, str]) 
     return matched
 
 
+GOAL_FIELDS = ("attributes", "goal_options", "price_upper", "query", "product_category", "name")
+"""The goal fields `score_breakdown` reads (besides the stored title nouns, see `record_nouns`)."""
+PRODUCT_FIELDS = ("Title", "Attributes", "BulletPoints", "Description", "query", "product_category", "name", "price")
+"""The product fields `score_breakdown` reads (besides the stored title nouns, see `record_nouns`)."""
+NOUN_FIELDS = ("name_nouns", "name_nouns_tagger")
+"""The stored title nouns of a goal or product and the tagger that produced them (see `record_nouns`)."""
+
 MAX_OPTIONS = 64
 """The most chosen options `score_breakdown` reads (the env's come from the catalogue: a handful per product)."""
 MAX_OPTION_CHARS = 1_000
@@ -375,10 +384,10 @@ def score_breakdown(
     """
     if len(options) > MAX_OPTIONS or any(len(str(v)) > MAX_OPTION_CHARS for v in options.values()):
         raise ValueError(f"webshop score: at most {MAX_OPTIONS} options of at most {MAX_OPTION_CHARS} characters each")
-    for key in ("attributes", "goal_options", "price_upper", "query", "product_category", "name"):
+    for key in GOAL_FIELDS:
         if key not in goal:
             raise KeyError(f"webshop score: goal has no {key!r} field (got {sorted(goal)})")
-    for key in ("Title", "Attributes", "BulletPoints", "Description", "query", "product_category", "name", "price"):
+    for key in PRODUCT_FIELDS:
         if key not in product:
             raise KeyError(f"webshop score: product has no {key!r} field (got {sorted(product)})")
     r_type, query_match, category_match, title_score = _type_score(goal, product, tagger)
