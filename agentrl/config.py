@@ -611,6 +611,12 @@ class RunConfig:
     whether the correction masked or truncated it, advantage, entropy) go to output/token_values.jsonl for
     `agentrl view` (0: none). About 40 bytes a token: 1,000 steps at 2 cost ~20 MB on math (~200-token samples),
     ~230 MB on WebShop (~3k tokens)."""
+    screenshots_per_step: int = 2
+    """Episodes per step whose env images (``info["image"]``: the GUI env's screenshots, when its ``screenshots``
+    setting is on) are saved as ``output/screenshots/ep{N}_turn{T}.png`` for `agentrl view` (N: the episode's line
+    in trajectories.jsonl, T: its turn, from 0; the screen after that turn's action). 0, or an env that renders no
+    image: none. Needs `save_trajectories`. About 13 KB a screenshot on the phone GUI (fast renderer, 360x800 PNG):
+    at 2 episodes of up to 8 turns, at most ~200 KB a step, ~200 MB for 1,000 steps."""
     ray_address: str | None = None
     """Ray cluster to join (``HOST:PORT``, ``auto``, ``ray://host:10001``) for runners, engines and trainer workers;
     None joins the one ``RAY_ADDRESS`` names (``ray job submit`` sets it), else starts a quiet local Ray when the run
@@ -620,6 +626,7 @@ class RunConfig:
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.save_every >= 1, "save_every", self.save_every, ">= 1")
         _require(self.token_values_per_step >= 0, "token_values_per_step", self.token_values_per_step, ">= 0 (0 = off)")
+        _require(self.screenshots_per_step >= 0, "screenshots_per_step", self.screenshots_per_step, ">= 0 (0 = off)")
         _require(self.output == "" or bool(self.output.strip()), "output", self.output,
                  "a folder path (or empty for a new runs/<env>-<model>-<time> folder)")
         _require(not (self.engine.colocate and self.scheduler.async_rollout), "scheduler.async_rollout",

@@ -37,6 +37,8 @@ class Turn:
         routed_experts: MoE experts the engine chose, ``[len(prompt_ids) + len(generated_ids) - 1, L, K]``, or None.
         roundtrip_drift: ``""`` when re-tokenizing the decoded reply in its context gives back `generated_ids`, else
             the kind of drift (``merge``, ``end_whitespace``, ``split_utf8``; see `agentrl.chat.roundtrip`).
+        screenshot: the screen after this turn's action as PNG bytes, for the few episodes a run saves screenshots of
+            (``RunConfig.screenshots_per_step``); never written to JSONL (the run writes it as a PNG file).
     """
 
     prompt_ids: tuple[int, ...]
@@ -51,6 +53,7 @@ class Turn:
     env_seconds: float = 0.0
     routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
     roundtrip_drift: str = ""
+    screenshot: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if len(self.generated_ids) != len(self.rollout_logprobs):
@@ -143,6 +146,7 @@ class Sample:
 
 def _turn_to_json(turn: Turn) -> dict[str, Any]:
     d = asdict(turn)
+    d.pop("screenshot")  # binary, and saved as its own file by the run (agentrl.training.screenshots)
     routes = d.pop("routed_experts")
     if routes is not None:
         d["routed_experts"] = {"shape": list(routes.shape), "dtype": str(routes.dtype), "data": routes.ravel().tolist()}

@@ -381,7 +381,9 @@ def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: T
         tokenizer=policy.tokenizer, family=policy.family,
         ray_address=cfg.ray_address, start_step=start_step, stop_step=cfg.steps,
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None, progress=show,
-        sleep_between_rollouts=cfg.engine.colocate)
+        sleep_between_rollouts=cfg.engine.colocate,
+        # Screenshots are named by the episode's line in trajectories.jsonl: without that file, none are taken.
+        screenshots=cfg.screenshots_per_step if cfg.save_trajectories else 0)
 
 
 def _agent_rollout(cfg: RunConfig, policy: LoadedModel, backend: TrainingBackend, engine, sampling: SamplingParams,

@@ -41,6 +41,7 @@ from agentrl.training.checkpoint import CHECKPOINT, read_trainer_state
 from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import padding_waste
 from agentrl.training.routing_replay import RoutingReplayError
+from agentrl.training.screenshots import episodes_in, save_screenshots
 from agentrl.training.step import OldPolicy, StepSamples, TrainingError, UpdateResult, as_trained
 from agentrl.training.token_values import record_token_values
 
@@ -64,7 +65,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, prog
 
     Args:
         cfg: the run config. Its `output` folder receives metrics.jsonl, trajectories.jsonl, token_values.jsonl,
-            curves.png, config.yaml, plan.json and checkpoint/.
+            screenshots/ (GUI envs), curves.png, config.yaml, plan.json and checkpoint/.
         resume: continue from `cfg.output/checkpoint` (weights, optimizer, step, data order) up to `cfg.steps`.
         overwrite: replace a run already saved in `cfg.output` (otherwise that is an error: no run is lost silently).
         progress: show the plan and a progress bar.
@@ -191,7 +192,13 @@ def train_step(run: Run, step: int, *, say, show) -> None:
     trajectories = as_trained(rollout.trajectories, step)
     t_rollout = time.perf_counter() - t_start
     if cfg.save_trajectories:
+        # Screenshots are named by the episode's line in trajectories.jsonl: count the lines before appending (only
+        # when the rollout brought any back, so envs without images never read the file).
+        shots = cfg.screenshots_per_step > 0 and any(turn.screenshot for t in trajectories for turn in t.turns)
+        first = episodes_in(out / "trajectories.jsonl") if shots else 0
         save_trajectories(trajectories, out / "trajectories.jsonl")
+        if shots:
+            save_screenshots(trajectories, first, out, cfg.screenshots_per_step)
     if not trajectories:
         failures = rollout.stats.failures
         say(f"step {step}: no complete group ({rollout.stats.dropped_groups} dropped); "

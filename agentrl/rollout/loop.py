@@ -80,7 +80,8 @@ class PendingTurn:
         return Turn(self.prompt_ids, self.generated_ids, self.rollout_logprobs, self.action, step.observation,
                     step.reward, finish_reason=self.finish_reason, new_segment=self.new_segment,
                     generate_seconds=self.generate_seconds, env_seconds=step.seconds,
-                    routed_experts=self.routed_experts, roundtrip_drift=self.roundtrip_drift)
+                    routed_experts=self.routed_experts, roundtrip_drift=self.roundtrip_drift,
+                    screenshot=step.screenshot)
 
 
 @dataclass
@@ -201,6 +202,7 @@ def run_rollout(
     on_progress: Callable[[RolloutStats], None] | None = None,
     context_options: Mapping[str, Any] | None = None,
     max_new_tokens_by_turn: Sequence[int] = (),
+    screenshots: int = 0,
 ) -> RolloutResult:
     """Play `group_size` episodes for each seed through `pool`; return the complete groups (group i = seeds[i]).
 
@@ -224,6 +226,9 @@ def run_rollout(
             ``recap_actions``, ``tools``).
         max_new_tokens_by_turn: per-turn generation budgets: turn i gets entry ``min(i, len - 1)``; empty uses
             ``sampling.max_new_tokens`` for every turn.
+        screenshots: episodes whose env images (``info["image"]``) come back with their turns (`Turn.screenshot`):
+            episode 0 of the first groups, then episode 1, ... (decided up front, so the runners encode and send the
+            images of these episodes only); 0: none.
 
     Raises:
         RolloutInterrupted: Ctrl-C; it carries the groups that had finished.
@@ -231,7 +236,8 @@ def run_rollout(
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     settings = _Settings(env_id, group_size, sampling, max_turns, max_context_tokens, policy_version, chat_kwargs,
-                         max_episode_retries, dict(context_options or {}), tuple(max_new_tokens_by_turn))
+                         max_episode_retries, dict(context_options or {}), tuple(max_new_tokens_by_turn),
+                         screenshots)
     return _Rollout(pool, engine, tokenizer, seeds, settings, on_progress).run()
 
 
@@ -249,6 +255,7 @@ class _Settings:
     max_episode_retries: int
     context_options: dict[str, Any]
     max_new_tokens_by_turn: tuple[int, ...]
+    screenshots: int = 0
 
 
 class _Rollout:
@@ -266,6 +273,9 @@ class _Rollout:
         self.stats = RolloutStats(episodes=len(seeds) * settings.group_size)
         self.todo: deque[_Episode] = deque(_Episode(int(seed), group_id, i) for group_id, seed in enumerate(seeds)
                                            for i in range(settings.group_size))
+        # (group, index) of the episodes that ship screenshots: one per group first (different tasks), then a second.
+        order = sorted(((g, i) for g in range(len(seeds)) for i in range(settings.group_size)), key=lambda e: e[::-1])
+        self.shoot = set(order[:settings.screenshots])
         self.finished: dict[int, list[_Episode]] = {g: [] for g in range(len(seeds))}
         self.dropped: set[int] = set()
         self.free_slots = list(range(min(pool.slots, len(self.todo))))[::-1]
@@ -304,7 +314,8 @@ class _Rollout:
                 continue
             ep.slot = self.free_slots.pop()
             self.by_slot[ep.slot] = ep
-            self.pool.submit_reset(ep.slot, ep.seed, fresh=ep.slot in self.fresh_slots)
+            self.pool.submit_reset(ep.slot, ep.seed, fresh=ep.slot in self.fresh_slots,
+                                   screenshots=(ep.group_id, ep.index) in self.shoot)
             self.fresh_slots.discard(ep.slot)
 
     def _release(self, ep: _Episode) -> None:

@@ -79,7 +79,8 @@ SINGLE_THREAD_KEY = "single_thread"
 """`TextEnv.metadata` key: True when every env of the class must be stepped from one thread per process."""
 
 # Only these info keys travel back to the driver: the rollout loop needs nothing else, and an info may hold large
-# objects (screenshots) that would cost a copy per step.
+# objects (screenshots) that would cost a copy per step. Screenshots travel only for the episodes a rollout asks
+# them of (`submit_reset(..., screenshots=True)`), as PNG bytes in `StepResult.screenshot`.
 # "tools": an env asking for function calls; "grade_budget_exceeded": a reward graded wrong past its budget (counted).
 _INFO_KEYS = ("success", "task_type", "tools", "grade_budget_exceeded")
 
@@ -164,6 +165,8 @@ class StepResult:
         info: the `info` keys the rollout uses (``success``, ``task_type``, ``tools``, ``grade_budget_exceeded``).
         seconds: wall time of the env call inside the runner.
         system_prompt: the env's `system_prompt` (on `reset` results only).
+        screenshot: the step's ``info["image"]`` as PNG bytes, only for an episode started with ``screenshots=True``
+            (None otherwise, or when the env rendered no image).
     """
 
     observation: str
@@ -173,6 +176,7 @@ class StepResult:
     info: Mapping[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     system_prompt: str = ""
+    screenshot: bytes | None = field(default=None, repr=False)
 
 
 FailureKind = Literal["error", "timeout", "actor_died", "actor_restarted"]
@@ -205,6 +209,27 @@ def _slim_info(info: Mapping[str, Any]) -> dict[str, Any]:
     return {k: info[k] for k in _INFO_KEYS if k in info}
 
 
+def _png(image: Any) -> bytes | None:
+    """`image` (a PIL image or an HxW(xC) uint8 array) as PNG bytes; None for anything else.
+
+    Encoded in the runner, so what travels to the driver is a compressed file rather than a pickled bitmap.
+    """
+    if image is None:
+        return None
+    import io
+
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        try:
+            image = Image.fromarray(image)
+        except (TypeError, ValueError, AttributeError):  # not an image: nothing to save
+            return None
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def _failure_from(exc: BaseException, where: str) -> EnvFailure:
     tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:]).strip()
     return EnvFailure("error", f"{where}: {type(exc).__name__}: {exc}\n{tail}")
@@ -217,9 +242,14 @@ class _Slots:
         self.maker = maker
         self.shared = shared
         self.envs: dict[int, TextEnv] = {}
+        self.shoot: set[int] = set()  # slots whose current episode ships its screenshots to the driver
 
-    def reset(self, slot: int, seed: int, fresh: bool) -> StepResult | EnvFailure:
+    def reset(self, slot: int, seed: int, fresh: bool, screenshots: bool = False) -> StepResult | EnvFailure:
         t0 = time.perf_counter()
+        if screenshots:
+            self.shoot.add(slot)
+        else:
+            self.shoot.discard(slot)
         try:
             if fresh or slot not in self.envs:
                 self.close(slot)
@@ -241,8 +271,10 @@ class _Slots:
         except Exception as e:
             self.envs.pop(slot, None)
             return _failure_from(e, f"step of {self.maker.env_id!r}")
+        # Only the few episodes the rollout asked for pay the PNG encoding and the transfer of their images.
+        shot = _png(info.get("image")) if slot in self.shoot else None
         return StepResult(str(obs), float(reward), bool(terminated), bool(truncated), _slim_info(info),
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, screenshot=shot)
 
     def close(self, slot: int) -> None:
         env = self.envs.pop(slot, None)
@@ -272,9 +304,12 @@ class LocalPool:
         self._slots = _Slots(maker, maker.build_shared())
         self._done: list[Completion] = []
 
-    def submit_reset(self, slot: int, seed: int, fresh: bool = False) -> None:
-        """Start an episode in `slot` (a new env when `fresh` or when the slot has none)."""
-        self._done.append(Completion(slot, "reset", self._slots.reset(slot, seed, fresh)))
+    def submit_reset(self, slot: int, seed: int, fresh: bool = False, screenshots: bool = False) -> None:
+        """Start an episode in `slot` (a new env when `fresh` or when the slot has none).
+
+        With `screenshots`, each step of the episode returns its ``info["image"]`` as PNG bytes.
+        """
+        self._done.append(Completion(slot, "reset", self._slots.reset(slot, seed, fresh, screenshots)))
 
     def submit_step(self, slot: int, action: str) -> None:
         """Step the env of `slot`."""
@@ -499,9 +534,12 @@ class RayPool:
 
         return ray.get([h.node.remote() for h in self._hosts], timeout=timeout)
 
-    def submit_reset(self, slot: int, seed: int, fresh: bool = False) -> None:
-        """Start an episode in `slot`; the call goes out with the next `poll`, its result comes back from a `poll`."""
-        self._queue(slot, "reset", (int(seed), bool(fresh)))
+    def submit_reset(self, slot: int, seed: int, fresh: bool = False, screenshots: bool = False) -> None:
+        """Start an episode in `slot`; the call goes out with the next `poll`, its result comes back from a `poll`.
+
+        With `screenshots`, each step of the episode returns its ``info["image"]`` as PNG bytes.
+        """
+        self._queue(slot, "reset", (int(seed), bool(fresh), bool(screenshots)))
 
     def submit_step(self, slot: int, action: str) -> None:
         """Step the env of `slot`; the call goes out with the next `poll`, its result comes back from a `poll`."""

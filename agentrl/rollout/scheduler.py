@@ -109,11 +109,12 @@ class RolloutScheduler:
                     weights: Callable[[], Iterable[tuple[str, Any]]], tokenizer, family: str | None,
                     ray_address: str | None, start_step: int, stop_step: int, interrupted_path: Any = None,
                     progress: Callable[[dict[str, str]], None] | None = None,
-                    sleep_between_rollouts: bool = False) -> RolloutScheduler:
+                    sleep_between_rollouts: bool = False, screenshots: int = 0) -> RolloutScheduler:
         """The scheduler a run's config asks for: its env, scheduler, runners and (resolved) context sections.
 
         Step s plays the tasks ``env.seed_offset + s * prompts_per_step + i`` and samples with seed
         ``sampling.seed + s`` (when seeded), so a resumed run replays exactly the steps it would have played.
+        `screenshots` episodes of each rollout bring their env images back (`run_rollout`'s argument).
         """
         per_step = scheduler.prompts_per_step
         return cls(
@@ -127,7 +128,7 @@ class RolloutScheduler:
             async_rollout=scheduler.async_rollout, max_staleness=scheduler.max_staleness, start_step=start_step,
             stop_step=stop_step,
             rollout_kwargs=dict(max_turns=env.max_turns, max_context_tokens=context.max_context_tokens,
-                                **context.rollout_kwargs(family)),
+                                screenshots=screenshots, **context.rollout_kwargs(family)),
             interrupted_path=interrupted_path, progress=progress, sleep_between_rollouts=sleep_between_rollouts)
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: RequestEngine,

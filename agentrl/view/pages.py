@@ -403,8 +403,16 @@ def episode_page(run: RunFolder, index: int, links: Links = LIVE_LINKS) -> dict[
         prev = list(turn["prompt_ids"]) + list(turn["generated_ids"])
     recorded = run.token_samples(row)
     samples = recorded or _derived_samples(trajectory)
+    shots_note = ""
+    if not any(t["screenshots"] for t in turns):  # say why, where a GUI run could have shown the screens
+        if (run.path / "screenshots").is_dir():
+            shots_note = ("no screenshots of this episode: the run saves them for a few episodes per step "
+                          "(screenshots_per_step)")
+        elif trajectory.get("env_id") == "gui":
+            shots_note = ("this folder holds no screenshots: training runs save them for screenshots_per_step "
+                          "episodes per step when the GUI env's screenshots setting is on")
     return {"run": {"index": run.index, "name": run.name}, "uid": f"{run.index}-{index}", "episode": row.to_json(),
-            "turns": turns,
+            "turns": turns, "screenshots_note": shots_note,
             "first_observation": trajectory.get("first_observation", ""), "env_id": trajectory.get("env_id", ""),
             "samples": [token_view(s, piece) for s in samples], "recorded": bool(recorded),
             "has_token_file": run.has_token_values, "tokenizer": tokenizer is not None, "modes": TOKEN_MODES,
