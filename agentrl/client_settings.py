@@ -16,7 +16,7 @@ they name, so only the operator sets them (``--env-arg``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,18 +165,13 @@ def check_client_settings(env_class: Any, settings: Any, env_name: str | None = 
     """
     env_name = env_name or getattr(env_class, "__name__", "this env")
     declared: Mapping[str, ClientSetting] = getattr(env_class, "client_settings", None) or {}
-    if not isinstance(settings, Mapping):
-        raise ClientSettingError("", f"{env_name}: session settings must be a JSON object of name: value, got "
-                                     f"{type(settings).__name__}")
-    for name in settings:
-        if not isinstance(name, str) or name not in declared:
-            shown = str(name)[:_SHOWN_CHARS]
-            allowed = (f"a client may set {', '.join(sorted(declared))}" if declared
-                       else "a client may set nothing on it")
-            raise ClientSettingError(shown, f"{shown!r} is not a setting a client may set on {env_name} ({allowed}); "
-                                            f"the operator sets it with --env-arg {shown}=... when starting the "
-                                            f"server")
-    return {name: declared[name].check(name, value, env_name) for name, value in settings.items()}
+
+    def refused(shown: str) -> str:
+        allowed = f"a client may set {', '.join(sorted(declared))}" if declared else "a client may set nothing on it"
+        return (f"{shown!r} is not a setting a client may set on {env_name} ({allowed}); the operator sets it with "
+                f"--env-arg {shown}=... when starting the server")
+
+    return _check_declared(declared, settings, env_name, "session settings", refused)
 
 
 def check_reset_options(env_class: Any, options: Any, env_name: str | None = None) -> dict[str, Any] | None:
@@ -193,13 +188,22 @@ def check_reset_options(env_class: Any, options: Any, env_name: str | None = Non
         return None
     env_name = env_name or getattr(env_class, "__name__", "this env")
     declared: Mapping[str, ClientSetting] = getattr(env_class, "client_reset_options", None) or {}
-    if not isinstance(options, Mapping):
-        raise ClientSettingError("", f"{env_name}: reset options must be a JSON object of name: value, got "
-                                     f"{type(options).__name__}")
-    for name in options:
+
+    def refused(shown: str) -> str:
+        allowed = f"it takes {', '.join(sorted(declared))}" if declared else "it takes none"
+        return f"{shown!r} is not a reset option a client may send to {env_name} ({allowed})"
+
+    return _check_declared(declared, options, env_name, "reset options", refused)
+
+
+def _check_declared(declared: Mapping[str, ClientSetting], values: Any, env_name: str, what: str,
+                    refused: Callable[[str], str]) -> dict[str, Any]:
+    """Every name of `values` against `declared` first (`refused(name)` words the refusal), then every value."""
+    if not isinstance(values, Mapping):
+        raise ClientSettingError("", f"{env_name}: {what} must be a JSON object of name: value, got "
+                                     f"{type(values).__name__}")
+    for name in values:
         if not isinstance(name, str) or name not in declared:
             shown = str(name)[:_SHOWN_CHARS]
-            allowed = (f"it takes {', '.join(sorted(declared))}" if declared else "it takes none")
-            raise ClientSettingError(shown, f"{shown!r} is not a reset option a client may send to {env_name} "
-                                            f"({allowed})")
-    return {name: declared[name].check(name, value, env_name) for name, value in options.items()}
+            raise ClientSettingError(shown, refused(shown))
+    return {name: declared[name].check(name, value, env_name) for name, value in values.items()}
