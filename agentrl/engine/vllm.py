@@ -242,6 +242,11 @@ class VLLMEngine:
                               f"command, or use --engine hf")
         self.model_dir = Path(model_dir)
         check_servable(self.model_dir, kv_cache_gib=kv_cache_gib)
+        # vLLM copies each synced tensor into its parameter with a cast (the same rounding as Tensor.to), and warns
+        # once per tensor per sync; casting first sends half the bytes of float32 weights and keeps the log clean.
+        import torch
+
+        self._weight_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see the module docstring
         from vllm import LLM
 
@@ -379,7 +384,10 @@ class VLLMEngine:
                 self._load_adapter(dict(named_tensors), int(version))
                 self.policy_version = int(version)
                 return
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+            cast = self._weight_dtype
+            weights = [(name, t.to(cast) if cast is not None and t.is_floating_point() and t.dtype != cast else t)
+                       for name, t in named_tensors]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             if not self.llm.reset_prefix_cache():
                 raise EngineError("vLLM refused to reset its prefix cache after a weight update")
             self.policy_version = int(version)
