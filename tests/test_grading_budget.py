@@ -39,7 +39,7 @@ from agentrl.envs.math.guards import MAX_DIGITS, costly_answer
 
 BUDGET_S = 3.0
 MARGIN_S = 1.5  # a worker's kill, and a loaded 2-core machine
-GSM8K = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 CASES = Path(__file__).parent / "data" / "math_grader_cases.jsonl"
 HOSTILE = r"\boxed{9^{4\cdot 9^{7}}}"  # the 24 bytes: ~20 s of GIL-holding big-integer power before
 
