@@ -47,6 +47,8 @@ class ConfigError(ValueError):
 ROUTING_REPLAY_MODES = ("none", "r2", "r3")
 """`LossConfig.routing_replay` values."""
 DTYPES = ("float32", "bfloat16", "float16")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+"""What ``trainer.compute_dtype`` accepts (see `agentrl.training.precision`)."""
 OBSERVATION_ROLES = ("user", "tool")
 """The roles an observation after the first can be rendered as (`context.observation_role`, besides ``auto``)."""
 
@@ -310,19 +312,25 @@ class TrainerConfig:
     """GPUs each trainer worker owns (``--gpus-per-trainer``; 0 = train on CPU with gloo, else NCCL)."""
     dtype: str = "float32"
     """Training precision of weights, gradients and AdamW state (float32 on CPU)."""
-    param_dtype: str = ""
-    """FSDP mixed precision: compute dtype of the parameters (empty = `dtype`); bfloat16 on GPUs."""
+    compute_dtype: str = "auto"
+    """What the forward and backward compute in (``--compute-dtype``): ``auto`` (bfloat16 where the hardware
+    multiplies it natively: CPUs with AVX512-BF16 or AMX, CUDA GPUs; float32 elsewhere, the run plan says which and
+    why), ``bfloat16`` or ``float32`` (exactly the float32 training of earlier versions). With bfloat16 and a float32
+    `dtype`, float32 master weights keep the weights, gradients and AdamW state, so small updates are not rounded away
+    (`agentrl.training.precision`); FSDP workers get the same from FSDP2's mixed-precision policy."""
     reduce_dtype: str = ""
-    """FSDP mixed precision: dtype gradients are reduced in (empty = the parameters'); float32 with bf16 params."""
-    compute_dtype: str = ""
-    """Autocast the trainer's matmuls to this dtype (``--compute-dtype``; empty = off): weights, gradients and AdamW
-    state stay in `dtype`, so small updates are not rounded away. bfloat16 runs SmolLM2-135M's forward + backward
-    ~1.8x faster on a CPU with AVX512-BF16 (290 vs 160 tokens/s on 2 cores) and is the usual choice on GPUs."""
+    """FSDP workers: dtype gradients are reduced in (empty: float32 when computing in bfloat16, else `dtype`)."""
     micro_batch_tokens: int = 8192
-    """Padded tokens per forward/backward pass (sequences x longest): the memory knob. Samples are packed longest
-    first; one longer than the budget gets a pass of its own. The gradient does not depend on it."""
+    """Tokens per forward/backward pass, the memory knob: real tokens with `packing`, else padded ones (sequences x
+    longest). Samples are grouped longest first; one longer than the budget gets a pass of its own. The gradient does
+    not depend on it."""
     micro_batch_size: int = 0
     """Optional cap on sequences per forward/backward pass (0 = only the token budget counts)."""
+    packing: bool = True
+    """Padding-free micro-batches (``--trainer.no-packing`` turns them off): each pass runs its samples back to back
+    in one row, with attention confined to each sample and position ids restarting per sample, so no padding is
+    computed (log-probs and gradients equal the padded pass within float32 rounding; see
+    `agentrl.training.packing`). Families that cannot pack exactly (sliding windows, attention sinks) run padded."""
     gradient_checkpointing: str = "auto"
     """Recompute each block's activations in the backward: ``on``, ``off``, or ``auto`` (on when the step's
     estimated peak memory would not fit otherwise; see `agentrl.training.memory`)."""
@@ -348,9 +356,10 @@ class TrainerConfig:
         _require(self.workers >= 0, "trainer.workers", self.workers, ">= 0 (0 trains in the driver)")
         _require(self.gpus_per_worker >= 0, "trainer.gpus_per_worker", self.gpus_per_worker, ">= 0")
         _require(self.dtype in DTYPES, "trainer.dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        for name in ("param_dtype", "reduce_dtype", "compute_dtype"):
-            _require(getattr(self, name) in ("", *DTYPES), f"trainer.{name}", getattr(self, name),
-                     f"empty or one of {', '.join(DTYPES)}")
+        _require(self.reduce_dtype in ("", *DTYPES), "trainer.reduce_dtype", self.reduce_dtype,
+                 f"empty or one of {', '.join(DTYPES)}")
+        _require(self.compute_dtype in ("", *COMPUTE_DTYPES), "trainer.compute_dtype", self.compute_dtype,
+                 f"one of {', '.join(COMPUTE_DTYPES)}")
         _require(self.workers > 0 or self.gpus_per_worker == 0, "trainer.gpus_per_worker", self.gpus_per_worker,
                  "0 when trainer.workers is 0 (the driver trains on CPU); set --trainers N to train on GPUs")
         _require(self.micro_batch_tokens >= 1, "trainer.micro_batch_tokens", self.micro_batch_tokens, ">= 1")
@@ -678,6 +687,7 @@ MOVED_KEYS: dict[str, str] = {
     "trainer.gpus_per_engine": "engine.gpus",
     "trainer.colocate": "engine.colocate",
     "dtype": "trainer.dtype",
+    "trainer.param_dtype": "trainer.compute_dtype",
 }
 """Keys of earlier config layouts and where they live now: a YAML that still uses one fails with one line."""
 RunConfig.MOVED = MOVED_KEYS

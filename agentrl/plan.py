@@ -36,7 +36,9 @@ class RunPlan:
         kv_note: set when that cache cannot hold every episode in flight.
         trainer: ``single`` (in the driver) or ``fsdp`` (FSDP2 Ray workers).
         trainer_workers: FSDP workers (0 for ``single``).
-        dtype: the trainer's precision.
+        dtype: the precision of the trainer's weights, gradients and AdamW state.
+        compute_dtype: what the trainer's forward and backward compute in (`agentrl.training.precision`).
+        compute_why: why, when the config said ``auto`` (the capability found), or ``set``.
         gradient_checkpointing: whether blocks recompute their activations in the backward.
         peak_gib: the estimated peak memory of a training step (per worker).
         limit_gib: the memory the step may use (per worker).
@@ -69,6 +71,8 @@ class RunPlan:
     sync_adapters: bool = False
     returns_freed_memory: bool = False
     ray_why: str = ""
+    compute_dtype: str = "float32"
+    compute_why: str = ""
 
     def rows(self) -> list[tuple[str, str]]:
         """The plan as (what, choice and why) rows, for the start-of-run table."""
@@ -79,7 +83,8 @@ class RunPlan:
             ("engine", f"{self.engine} x{self.engine_replicas}, {self.engine_dtype}{why(self.engine_why)}"),
             ("context", f"observations as {self.observation_role} messages{why(self.context_why)}"),
             ("kv cache", f"{self.kv_cache_gib:.2f} GiB per engine for {self.context_tokens} tokens{why(self.kv_note)}"),
-            ("trainer", f"{trainer}, {self.dtype}"),
+            ("trainer", f"{trainer}, computes in {self.compute_dtype}"
+                        + (f" ({self.compute_why})" if self.compute_why else f", {self.dtype}")),
             ("memory", f"peak ~{self.peak_gib:.1f} GiB {limit}; gradient checkpointing "
                        f"{'on' if self.gradient_checkpointing else 'off'}"
                        + ("; freed memory back to the OS at once" if self.returns_freed_memory else "")),

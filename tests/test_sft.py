@@ -242,8 +242,9 @@ def test_cli_sft_on_two_fsdp_trainer_workers_matches_one_process(tmp_path):
     from agentrl.models import load_model
 
     config = tmp_path / "sft.yaml"
-    # A fixed memory limit: what is free on a shared machine varies.
-    config.write_text("trainer: {memory_limit_gb: 4, micro_batch_size: 1}\n")
+    # A fixed memory limit: what is free on a shared machine varies. float32 compute: the comparison below is to the
+    # last bits (bfloat16 would differ between the two precision schemes, FSDP2's mixed precision and master weights).
+    config.write_text("trainer: {memory_limit_gb: 4, micro_batch_size: 1, compute_dtype: float32}\n")
     runs = {}
     for trainers in (0, 2):
         run = runs[trainers] = tmp_path / f"trainers{trainers}"

@@ -44,6 +44,7 @@ from agentrl.training.factory import build_backend
 from agentrl.training.lora import ADAPTER_CONFIG, adapter_parameter_count, add_lora, load_adapter_into
 from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_training_memory
 from agentrl.training.placement import RESOURCE_SHARE, Placement, PlacementPlan, check_node_resources
+from agentrl.training.precision import resolve_compute_dtype
 from agentrl.training.reference import load_reference
 from agentrl.training.routing_replay import routing_strategy
 from agentrl.training.step import MISMATCH_KL, TrainingError, TrainingStep
@@ -240,15 +241,15 @@ def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: i
                          available_bytes)
 
 
-def default_engine_dtype(dtype: str, kind: str, trainer_dtype: str) -> str:
-    """The engine precision a run samples in: `dtype` when set; else bfloat16 for vLLM, the trainer's dtype for HF.
+def default_engine_dtype(dtype: str, kind: str, compute_dtype: str) -> str:
+    """The engine precision a run samples in: `dtype` when set; else bfloat16 for vLLM, the trainer's compute dtype.
 
     vLLM's bfloat16 build samples 1.4-1.7x faster on CPU, and MiniRL's token-level IS weights correct the mismatch
     it brings (KL(mu || pi_old) about 2e-3 on the main job); the main job learned from it within the float32 runs'
-    held-out range (docs/results.md, the mismatch study). The HF engine keeps the trainer's dtype: nothing measured
-    it faster in bfloat16.
+    held-out range (docs/results.md, the mismatch study). The HF engine samples from the trainer's own module (or a
+    copy of it) in the precision the trainer computes in.
     """
-    return dtype or ("bfloat16" if kind == "vllm" else trainer_dtype)
+    return dtype or ("bfloat16" if kind == "vllm" else compute_dtype)
 
 
 def plan_memory(cfg: RunConfig, policy: LoadedModel, engine_kind: str, kv_cache_gib: float) -> MemoryPlan:
@@ -323,9 +324,12 @@ def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns
     context_why = context_why if context != cfg.context else ""
     # `auto` becomes the engine this machine serves the model with.
     kind, engine_why = choose_engine(cfg.engine.kind, policy.model, cfg.model)
-    cfg = replace(cfg, context=context, engine=replace(cfg.engine, kind=kind,
-                                                       dtype=default_engine_dtype(cfg.engine.dtype, kind,
-                                                                                  cfg.trainer.dtype)))
+    # `auto` compute precision becomes what this machine multiplies natively (written back: a resume keeps it).
+    compute = resolve_compute_dtype(cfg.trainer.compute_dtype, cfg.trainer.dtype,
+                                    on_gpu=cfg.trainer.gpus_per_worker > 0)
+    cfg = replace(cfg, context=context, trainer=replace(cfg.trainer, compute_dtype=compute.dtype),
+                  engine=replace(cfg.engine, kind=kind,
+                                 dtype=default_engine_dtype(cfg.engine.dtype, kind, compute.dtype)))
     role = context.observation_role
     # The engines' KV memory first (it stays resident beside an in-process trainer), then the step's memory plan.
     context_tokens = (single_turn_context(cfg, policy) if single_turn
@@ -339,6 +343,7 @@ def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns
         engine_replicas=cfg.engine.replicas, observation_role=role, context_why=context_why,
         context_tokens=context_tokens, kv_cache_gib=kv_gib, kv_note=kv_note,
         trainer="fsdp" if T.workers else "single", trainer_workers=T.workers, dtype=T.dtype,
+        compute_dtype=compute.dtype, compute_why=compute.why,
         gradient_checkpointing=memory.gradient_checkpointing, peak_gib=memory.estimate.total / 2**30,
         limit_gib=memory.limit / 2**30,
         ray="none" if not (owns_ray or cfg.ray_address) else (cfg.ray_address or "local"),
@@ -527,7 +532,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         backend=backend, routing=routing, loss=cfg.loss, advantage=cfg.advantage, optim=cfg.optim,
         trainer=cfg.trainer, per_turn_budget=max((cfg.sampling.max_new_tokens, *cfg.context.max_new_tokens_by_turn)),
         pad_id=pad_id if pad_id is not None else policy.tokenizer.eos_token_id, shuffle=shuffle, out=out,
-        reference=load_reference(cfg.model, cfg.loss, getattr(torch, cfg.trainer.dtype)))
+        reference=load_reference(cfg.model, cfg.loss, getattr(torch, cfg.trainer.compute_dtype)))
     G = cfg.guard
     guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action, kl_key=MISMATCH_KL)
     return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray)

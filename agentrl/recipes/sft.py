@@ -391,14 +391,19 @@ def _validation_samples(cfg: SFTConfig, policy) -> list[Sample]:
     return [s for t in played if t.success for s in trajectory_to_samples(t, 1.0) if s.num_loss_tokens]
 
 
-def demonstration_nll(backend: TrainingBackend, samples: Sequence[Sample], pad_id: int, token_budget: int) -> float:
-    """Mean negative log-likelihood per agent token of `samples` under the backend's weights (no gradient)."""
+def demonstration_nll(backend: TrainingBackend, samples: Sequence[Sample], pad_id: int, token_budget: int, *,
+                      packed: bool = False) -> float:
+    """Mean negative log-likelihood per agent token of `samples` under the backend's weights (no gradient).
+
+    `packed`: padding-free micro-batches of `token_budget` real tokens (`trainer.packing`).
+    """
     from agentrl.training.backend import ScoreRequest
     from agentrl.training.microbatch import collate, pack_by_tokens
 
     total = sum(s.num_loss_tokens for s in samples)
-    batches = [collate([samples[i] for i in chunk], pad_id)
-               for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget)]
+    batches = [collate([samples[i] for i in chunk], pad_id, packed=packed)
+               for chunk in pack_by_tokens([len(s.input_ids) for s in samples], range(len(samples)), token_budget,
+                                           packed=packed)]
     scored = backend.score([ScoreRequest(mb) for mb in batches])  # one call: trainer workers share the passes
     return sum(float(sft_loss(s.logp, mb.loss_mask, total)) for s, mb in zip(scored, batches))
 
@@ -511,10 +516,11 @@ def _train_and_evaluate(cfg: SFTConfig, policy, samples: list[Sample], validatio
     with contextlib.ExitStack() as stack:  # trainer workers and a Ray started here end with the training
         backend = _build_backend(cfg, policy, memory, stack)
         budget = cfg.trainer.micro_batch_tokens
-        val_before = demonstration_nll(backend, validation, pad_id, budget) if validation else None
+        packed = cfg.trainer.packing
+        val_before = demonstration_nll(backend, validation, pad_id, budget, packed=packed) if validation else None
         step, out_of_time = _fit(cfg, backend, samples, pad_id, order, log, progress)
         t_train = time.perf_counter() - t_start - summary["data_seconds"]
-        val_after = demonstration_nll(backend, validation, pad_id, budget) if validation else None
+        val_after = demonstration_nll(backend, validation, pad_id, budget, packed=packed) if validation else None
         save_checkpoint(out, backend, policy, TrainerState.capture(step - 1, backend.name, backend.world_size, order))
     # `agentrl eval RUN/checkpoint` reads the thinking mode the checkpoint was trained with from here.
     (out / "sampling.json").write_text(json.dumps({"chat_kwargs": cfg.context.chat_kwargs()}))
@@ -576,7 +582,7 @@ def _fit(cfg: SFTConfig, backend: TrainingBackend, samples: list[Sample], pad_id
 
     lengths = [len(s.input_ids) for s in samples]
     batches_per_epoch = math.ceil(len(samples) / cfg.batch_size)
-    budget = cfg.trainer.micro_batch_tokens
+    budget, packed = cfg.trainer.micro_batch_tokens, cfg.trainer.packing
     step, t_loop = 0, time.perf_counter()
     bar = tqdm(total=cfg.epochs * batches_per_epoch, disable=not progress, desc=f"sft {cfg.env.id} x {cfg.model}",
                unit="step")
@@ -591,8 +597,9 @@ def _fit(cfg: SFTConfig, backend: TrainingBackend, samples: list[Sample], pad_id
             batch = [samples[i] for i in members]
             num_tokens = sum(s.num_loss_tokens for s in batch)
             lr = _lr_at(step, cfg.optim.lr, cfg.warmup_steps)
-            requests = [UpdateRequest(collate([samples[i] for i in chunk], pad_id), None)
-                        for chunk in pack_by_tokens(lengths, members, budget, cfg.trainer.micro_batch_size)]
+            requests = [UpdateRequest(collate([samples[i] for i in chunk], pad_id, packed=packed), None)
+                        for chunk in pack_by_tokens(lengths, members, budget, cfg.trainer.micro_batch_size,
+                                                    packed=packed)]
             done = backend.accumulate(requests, LikelihoodObjective(sft_loss, num_tokens))
             if not all(r.finite for r in done):
                 raise SFTError(f"non-finite SFT loss at step {step}: lower lr (now {cfg.optim.lr})")

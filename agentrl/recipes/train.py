@@ -253,7 +253,8 @@ def step_metrics(run: Run, step: int, trajectories: list[Trajectory], batch: Ste
         "grad_norm": sum(update.grad_norms) / len(update.grad_norms) if update.grad_norms else float("nan"),
         "samples": len(batch.samples), "samples_without_gradient": update.skipped,
         "micro_batches": len(old.micro_batches), "update_micro_batches": len(update.results), "update_skipped": 0.0,
-        "padding_waste": padding_waste([len(s.input_ids) for s in batch.samples], old.micro_batches),
+        "padding_waste": padding_waste([len(s.input_ids) for s in batch.samples], old.micro_batches,
+                                       packed=run.step.trainer.packing),
         **run.step.routing.metrics(),
         "rollout_seconds": t_rollout, "step_seconds": step_seconds,
         # The share of the step the engine spent generating (async: capped, generation overlaps training).

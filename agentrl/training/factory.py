@@ -7,9 +7,9 @@ from agentrl.models import LoadedModel
 from agentrl.training.allocator import run_threshold_kb
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.fsdp import FSDPBackend, WorkerSpec
-from agentrl.training.logprobs import compute_dtype_of
 from agentrl.training.memory import MemoryPlan
 from agentrl.training.placement import Placement
+from agentrl.training.precision import resolve_compute_dtype
 from agentrl.training.single import SingleProcessBackend
 
 __all__ = ["build_backend"]
@@ -29,14 +29,18 @@ def build_backend(trainer: TrainerConfig, optim: OptimConfig, memory: MemoryPlan
         seed: seeds the workers.
     """
     threshold = run_threshold_kb(trainer.return_freed_memory, memory.gradient_checkpointing)
+    compute = resolve_compute_dtype(trainer.compute_dtype, trainer.dtype, on_gpu=trainer.gpus_per_worker > 0)
     if trainer.workers == 0:
         return SingleProcessBackend(policy, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
                                     gradient_checkpointing=memory.gradient_checkpointing,
-                                    compute_dtype=compute_dtype_of(trainer.compute_dtype), lora=trainer.lora,
+                                    compute_dtype=compute.torch_dtype, lora=trainer.lora,
                                     mmap_threshold_kb=threshold)
+    # FSDP2's mixed-precision policy is the workers' master-weight scheme: sharded float32 parameters, gathered in
+    # the compute dtype for each block, gradients reduced in float32.
+    mixed = compute.dtype != trainer.dtype
     spec = WorkerSpec(source, dtype=trainer.dtype, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
-                      param_dtype=trainer.param_dtype or None, reduce_dtype=trainer.reduce_dtype or None,
-                      compute_dtype=trainer.compute_dtype or None,
+                      param_dtype=compute.dtype if mixed else None,
+                      reduce_dtype=trainer.reduce_dtype or ("float32" if mixed else None),
                       gradient_checkpointing=memory.gradient_checkpointing, use_gpu=trainer.gpus_per_worker > 0,
                       seed=seed, lora=trainer.lora if trainer.lora.enabled else None,
                       mmap_threshold_kb=threshold)

@@ -20,10 +20,10 @@ A worker that dies (killed, OOM) fails its next call; the driver then raises `Tr
 kills the others (which may be blocked in a collective with the dead one), and the run ends with the last saved
 checkpoint intact. Nothing waits on a dead worker: calls are collected with `ray.wait` and the first failure wins.
 
-Departures from verl / SkyRL FSDP workers, on purpose: no CPU offload, no sequence packing or Ulysses sequence
-parallelism, weights reach the engines through the driver (`named_weights`) rather than a direct NCCL broadcast;
-every rank loads the full weights before sharding (fine up to a few billion parameters; larger models want a
-meta-device init and a sharded load).
+Departures from verl / SkyRL FSDP workers, on purpose: no CPU offload, no Ulysses sequence parallelism (packed
+micro-batches travel to the workers with their layout: `agentrl.training.packing`), weights reach the engines through
+the driver (`named_weights`) rather than a direct NCCL broadcast; every rank loads the full weights before sharding
+(fine up to a few billion parameters; larger models want a meta-device init and a sharded load).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class WorkerSpec:
         weight_decay: AdamW decoupled weight decay.
         param_dtype: FSDP compute dtype of the parameters (None = `dtype`).
         reduce_dtype: FSDP gradient reduce-scatter dtype (None = the parameters' dtype).
-        compute_dtype: autocast dtype of the backbone's matmuls (None = off); see `token_logprobs`.
         gradient_checkpointing: recompute activations in the backward.
         use_gpu: train on the worker's GPU with NCCL (else CPU with gloo).
         seed: torch seed of every worker (random-init built-ins are then identical on every rank).
@@ -90,7 +89,6 @@ class WorkerSpec:
     weight_decay: float = 0.0
     param_dtype: str | None = None
     reduce_dtype: str | None = None
-    compute_dtype: str | None = None
     gradient_checkpointing: bool = False
     use_gpu: bool = False
     seed: int = 0
@@ -190,7 +188,6 @@ class TrainerWorker:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from agentrl.models import load_model
-        from agentrl.training.logprobs import compute_dtype_of
         from agentrl.training.single import MicroBatchPasses, build_optimizer, moe_router
 
         spec = self.spec
@@ -198,6 +195,9 @@ class TrainerWorker:
         self.device = torch.device("cuda", 0) if spec.use_gpu else torch.device("cpu")  # Ray sets the visible GPU
         if spec.use_gpu:
             torch.cuda.set_device(self.device)
+            if spec.param_dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+                raise RuntimeError(f"{torch.cuda.get_device_name()} has no native bfloat16: train with "
+                                   f"--compute-dtype float32")
         dist.init_process_group("nccl" if spec.use_gpu else "gloo", init_method=f"tcp://{host}:{port}",
                                 rank=self.rank, world_size=self.world_size,
                                 timeout=timedelta(seconds=spec.collective_timeout_s))
@@ -222,9 +222,8 @@ class TrainerWorker:
         self.model = model
         _route_logprobs_through_fsdp(model)
         self.router = moe_router(model)
-        self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs,
-                                       compute_dtype=compute_dtype_of(spec.compute_dtype))
-        self.optimizer = build_optimizer(model, spec.lr, spec.betas, spec.weight_decay)
+        self.passes = MicroBatchPasses(model, self.router, logprobs=_fsdp_logprobs)
+        self.optimizer = build_optimizer(model.parameters(), spec.lr, spec.betas, spec.weight_decay)
         return {"is_moe": self.router is not None,
                 "parameters": sum(p.numel() for p in model.parameters())}  # this rank's shard
 

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from agentrl.training.microbatch import MicroBatch
+from agentrl.training.packing import packed_hidden_states, use_packing
 
-__all__ = ["token_logprobs", "head_logprobs", "full_logprobs", "chunk_positions", "compute_dtype_of", "CHUNK_BYTES",
-           "KEEP_BYTES"]
+__all__ = ["token_logprobs", "head_logprobs", "full_logprobs", "chunk_positions", "CHUNK_BYTES", "KEEP_BYTES"]
 
 CHUNK_BYTES = 128 * 2**20
 """Float32 logits of one chunk: the backward holds about four such `[chunk, V]` tensors at its peak."""
@@ -36,11 +36,6 @@ CHUNK_BYTES = 128 * 2**20
 KEEP_BYTES = 1 * 2**30
 """Up to this many bytes of chunk log-softmaxes are kept for the backward instead of recomputed: below it the pass
 costs what the plain full-logits pass costs (no second projection); above it memory stays flat at one chunk."""
-
-
-def compute_dtype_of(name: str | None) -> torch.dtype | None:
-    """The torch dtype a ``compute_dtype`` setting names (``"bfloat16"``), or None when it is empty (autocast off)."""
-    return getattr(torch, name) if name else None
 
 
 def chunk_positions(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -145,12 +140,15 @@ def _head_of(model: torch.nn.Module) -> torch.nn.Linear:
 
 
 def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool = False,
-                   entropy_grad: bool = False, chunk: int = 0, keep_bytes: int = KEEP_BYTES,
-                   compute_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
+                   entropy_grad: bool = False, chunk: int = 0,
+                   keep_bytes: int = KEEP_BYTES) -> tuple[Tensor, Tensor | None]:
     """Log pi(token_{t+1} | tokens_<=t) at every loss position of a micro-batch `[n, T]` (and the entropy `[n, T]`).
 
     The backbone runs over every position (attention needs the whole context), but the vocabulary projection runs
-    only where `mb.loss_mask` is set, in chunks (see the module docstring). Positions without loss get 0.
+    only where `mb.loss_mask` is set, in chunks (see the module docstring). Positions without loss get 0. A micro-batch
+    with a packed layout (`MicroBatch.packed`) runs the backbone padding-free on its one row
+    (`agentrl.training.packing`) when the model's family packs exactly, else on the padded rows; either way the
+    result is laid out `[n, T]`.
 
     Args:
         model: a transformers causal LM (``model.model`` the backbone, ``get_output_embeddings()`` the head).
@@ -159,10 +157,10 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool
         entropy_grad: let gradients flow through the entropy (an entropy bonus); default detached.
         chunk: positions per vocabulary chunk (0: `chunk_positions` of the vocabulary size).
         keep_bytes: see `head_logprobs`.
-        compute_dtype: run the backbone's matmuls in this dtype under `torch.autocast` (mixed precision: the
-            weights, their gradients and the optimizer state keep the model's dtype, so small updates are not lost
-            to rounding). The vocabulary projection and log-softmax stay float32: bfloat16 logits would round a
-            logit of 20 by up to 0.06 nats, the same size as the policy changes PPO ratios measure.
+
+    Everything computes in the dtype of the model's weights (bfloat16 under mixed precision, whose float32 masters
+    live in `agentrl.training.precision`), the LM head included; the log-softmax, the entropy and the returned
+    log-probs are float32.
     """
     head = _head_of(model)
     chunk = chunk or chunk_positions(head.weight.shape[0])
@@ -170,11 +168,13 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool
     # Right padding never precedes a real token, so plain causal attention gives the real positions exactly what
     # the padding mask would, and lets SDPA take its fused path on CPU: with the mask it saved a [heads, T, T]
     # matrix per layer for backward (4 x 2k-token samples of SmolLM2: 15.7 GB peak and 85 s, against 13.3 GB, 71 s).
-    device_type = mb.input_ids.device.type
-    with torch.autocast(device_type, dtype=compute_dtype or torch.bfloat16, enabled=compute_dtype is not None):
-        hidden = backbone(input_ids=mb.input_ids).last_hidden_state  # [n, T+1, H]
+    packed = mb.packed is not None and use_packing(model)  # a family that cannot pack exactly runs padded
+    hidden = (packed_hidden_states(backbone, mb.packed) if packed
+              else backbone(input_ids=mb.input_ids).last_hidden_state)  # [1, L, H] packed, else [n, T+1, H]
     select = mb.loss_mask.bool()  # [n, T]: position t predicts token t + 1
-    h = hidden[:, :-1][select].to(head.weight.dtype)  # [N_loss, H]
+    # Packed, padded position (i, t) sits at packed position index[i, t]. Loss positions stop one short of a
+    # sample's end, so none predicts the first token of the next sample from the last token of its own.
+    h = (hidden[0, mb.packed.index[:, :-1][select]] if packed else hidden[:, :-1][select]).to(head.weight.dtype)
     targets = mb.input_ids[:, 1:][select]  # [N_loss]
     logp_sel, ent_sel = head_logprobs(h, head.weight, head.bias, targets, chunk=chunk, with_entropy=with_entropy,
                                        keep_bytes=keep_bytes)

@@ -168,9 +168,12 @@ def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
     return {_module_key(k): t for k, t in load_file(folder / ADAPTER_WEIGHTS).items()}
 
 
-def load_adapter_into(model: torch.nn.Module, folder: Path) -> None:
-    """Copy the adapter saved in `folder` into `model`'s adapters; refuses a mismatch (rank, targets) in one line."""
-    own = adapter_state(model)
+def load_adapter_into(model: torch.nn.Module | Mapping[str, torch.Tensor], folder: Path) -> None:
+    """Copy the adapter saved in `folder` into `model`'s adapters; refuses a mismatch (rank, targets) in one line.
+
+    `model` may also be the adapter tensors themselves (`adapter_state`-named), e.g. float32 masters.
+    """
+    own = adapter_state(model) if isinstance(model, torch.nn.Module) else dict(model)
     saved = read_adapter(folder)
     if set(saved) != set(own) or any(own[n].shape != t.shape for n, t in saved.items()):
         raise ValueError(f"the adapter in {folder} does not fit the model's LoRA layers (other rank or target "

@@ -364,6 +364,9 @@ def _fit_routes(layer_routes: Tensor, n: int, s: int) -> Tensor:
 #
 # The loop calls `score_request` / `scored` for every micro-batch of the pi_old pass and `update_request` for every
 # micro-batch of the updates; the strategy keeps what it needs between the two (R2's recorded routes) for one step.
+# Routes cross the backend laid out like the micro-batch's forward input (`MicroBatch.forward_layout`: padded rows, or
+# one packed row), and are kept per sample in between, so the pi_old pass and the updates may group the samples into
+# different micro-batches, packed or not.
 
 
 
@@ -371,12 +374,16 @@ class RoutingReplayError(RuntimeError):
     """Routing Replay cannot run as configured (a dense model, or rollouts without expert routes)."""
 
 
-def _rollout_routes(samples: Sequence, width: int) -> torch.Tensor:
-    """The experts the inference engine chose, packed for a right-padded micro-batch `[n, S, L, K]`."""
+def _rollout_routes(samples: Sequence, batch) -> torch.Tensor:
+    """The experts the inference engine chose, laid out like the micro-batch's forward input.
+
+    `[n, S, L, K]` for right-padded rows, `[1, L_packed, L, K]` for a packed one (`MicroBatch.forward_layout`); -1
+    (live) on padding and on each sample's last token, which the engine never routed.
+    """
     if any(s.routed_experts is None for s in samples):
         raise RoutingReplayError("R3 routing replay needs rollout routes, but the engine returned none for some "
                                  "samples")
-    return pack_routes([torch.as_tensor(s.routed_experts) for s in samples], [0] * len(samples), width)
+    return batch.forward_layout([torch.as_tensor(s.routed_experts) for s in samples])
 
 
 class DenseRouting:
@@ -422,11 +429,11 @@ class LiveRouting(DenseRouting):
 
     def scored(self, indices, samples, batch, result: Scored) -> None:
         """Keep the recorded routes (per sample, unpadded) and compare them with the rollout's."""
-        routes = result.routes  # [n, S, L, K]
-        for row, (i, s) in enumerate(zip(indices, samples)):
-            self.train_routes[i] = routes[row, : len(s.input_ids) - 1]
+        routes = result.routes  # [n, S, L, K] padded, [1, L_packed, L, K] packed: the forward's layout
+        for i, s, own in zip(indices, samples, batch.per_sample(routes)):
+            self.train_routes[i] = own[: len(s.input_ids) - 1]
         if all(s.routed_experts is not None for s in samples):
-            engine_routes = _rollout_routes(samples, batch.input_ids.shape[1])  # [n, S, L, K], -1 on padding
+            engine_routes = _rollout_routes(samples, batch)  # the same layout, -1 on padding and last tokens
             self.agree_sum += router_agreement(engine_routes, routes.to(engine_routes.dtype)) * len(samples)
             self.agree_n += len(samples)
 
@@ -440,8 +447,7 @@ class R2Routing(LiveRouting):
 
     def update_request(self, indices, samples, batch, old_logp) -> UpdateRequest:
         """Replay the experts recorded for these samples in the pi_old pass."""
-        routes = pack_routes([self.train_routes[i] for i in indices], [0] * len(indices), batch.input_ids.shape[1])
-        return UpdateRequest(batch, old_logp, routes)
+        return UpdateRequest(batch, old_logp, batch.forward_layout([self.train_routes[i] for i in indices]))
 
 
 class R3Routing(DenseRouting):
@@ -449,11 +455,11 @@ class R3Routing(DenseRouting):
 
     def score_request(self, indices, samples, batch) -> ScoreRequest:
         """Replay the rollout's experts in the pi_old pass: pi_old(. | e_mu)."""
-        return ScoreRequest(batch, replay_routes=_rollout_routes(samples, batch.input_ids.shape[1]))
+        return ScoreRequest(batch, replay_routes=_rollout_routes(samples, batch))
 
     def update_request(self, indices, samples, batch, old_logp) -> UpdateRequest:
         """Replay the rollout's experts in the update."""
-        return UpdateRequest(batch, old_logp, _rollout_routes(samples, batch.input_ids.shape[1]))
+        return UpdateRequest(batch, old_logp, _rollout_routes(samples, batch))
 
 
 RoutingStrategy = DenseRouting

@@ -7,7 +7,7 @@ passes (`MicroBatchPasses`) on their shard of the model, so both backends comput
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -18,13 +18,14 @@ from agentrl.training.backend import LossResult, Objective, Scored, ScoreRequest
 from agentrl.training.checkpoint import save_safetensors
 from agentrl.training.logprobs import token_logprobs
 from agentrl.training.lora import (
-    adapter_state,
     add_lora,
+    is_adapter_name,
     load_adapter_into,
     merged_state,
     save_adapter,
     scalings,
 )
+from agentrl.training.precision import MasterWeights
 
 __all__ = ["MicroBatchPasses", "SingleProcessBackend", "OPTIMIZER_FILE", "build_optimizer", "set_lr", "moe_router"]
 
@@ -42,11 +43,10 @@ def moe_router(model: torch.nn.Module):
         return None
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, betas: tuple[float, float],
+def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float],
                     weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (plain or FSDP-sharded alike; with LoRA, the adapters alone)."""
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas,
-                             weight_decay=weight_decay)
+    """AdamW over the trainable ones of `params` (plain or FSDP-sharded alike; with LoRA, the adapters alone)."""
+    return torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr, betas=betas, weight_decay=weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float | None) -> None:
@@ -62,16 +62,14 @@ class MicroBatchPasses:
     Args:
         model: the causal LM (in train mode).
         router: its `RoutingReplay`, or None for a dense model.
-        logprobs: `token_logprobs`-shaped `(model, mb, with_entropy=..., compute_dtype=...) -> (logp, entropy)`.
-        compute_dtype: autocast dtype of the backbone's matmuls (None: the weights' dtype); see `token_logprobs`.
+        logprobs: `token_logprobs`-shaped `(model, mb, with_entropy=..., entropy_grad=...) -> (logp, entropy)`; it
+            computes in the dtype of the model's weights (`agentrl.training.precision`).
     """
 
-    def __init__(self, model: torch.nn.Module, router=None, logprobs: Callable = token_logprobs,
-                 compute_dtype: torch.dtype | None = None):
+    def __init__(self, model: torch.nn.Module, router=None, logprobs: Callable = token_logprobs):
         self.model = model
         self.router = router
         self.logprobs = logprobs
-        self.compute_dtype = compute_dtype
 
     def _routing(self, routes: torch.Tensor | None):
         return nullcontext() if routes is None else self.router.replay(routes)
@@ -81,12 +79,10 @@ class MicroBatchPasses:
         """pi_old log-probs and entropy of one micro-batch (replaying or recording its experts when asked)."""
         if request.record_routes:
             with self.router.record() as recording:
-                logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True,
-                                              compute_dtype=self.compute_dtype)
+                logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
             return Scored(logp, entropy, recording.routes)
         with self._routing(request.replay_routes):
-            logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True,
-                                          compute_dtype=self.compute_dtype)
+            logp, entropy = self.logprobs(self.model, request.batch, with_entropy=True)
         return Scored(logp, entropy)
 
     def accumulate(self, request: UpdateRequest, objective: Objective, *, scale: float = 1.0) -> LossResult:
@@ -95,7 +91,7 @@ class MicroBatchPasses:
         # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
         with self._routing(request.replay_routes):
             logp, entropy = self.logprobs(self.model, mb, with_entropy=objective.with_entropy,
-                                          entropy_grad=objective.entropy_grad, compute_dtype=self.compute_dtype)
+                                          entropy_grad=objective.entropy_grad)
             loss, metrics = objective(logp, request, entropy)
             # A non-finite loss still runs its backward: distributed workers must all join the same collectives,
             # and the loop refuses the optimizer step afterwards.
@@ -109,7 +105,7 @@ class MicroBatchPasses:
         A worker with fewer micro-batches than its peers still has to join every collective of FSDP.
         """
         with self._routing(request.replay_routes):
-            logp, _ = self.logprobs(self.model, request.batch, compute_dtype=self.compute_dtype)
+            logp, _ = self.logprobs(self.model, request.batch)
             (logp.sum() * 0.0).backward()
 
 
@@ -121,8 +117,9 @@ class SingleProcessBackend:
             samples from the same module sees every update at once.
         lr, betas, weight_decay: AdamW settings.
         gradient_checkpointing: recompute activations in the backward (less memory, about 30% more compute).
-        compute_dtype: autocast dtype of the forward and backward matmuls (None: the weights' own); the weights,
-            gradients and AdamW state stay in the model's dtype.
+        compute_dtype: the dtype the forward and backward compute in (None: the weights' own). When it differs
+            from the model's dtype (bfloat16 on a float32 model), the module's weights become bfloat16 and float32
+            masters keep the weights, gradients and AdamW state (`agentrl.training.precision.MasterWeights`).
         lora: LoRA settings (`agentrl.config.LoraConfig`); enabled, adapters are injected into `policy.model` in
             place (so an engine built from it afterwards carries them too) and only they train.
         mmap_threshold_kb: pin the C library's mmap threshold for this process (`agentrl.training.allocator`; 0 =
@@ -146,8 +143,12 @@ class SingleProcessBackend:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.router = moe_router(self.model)
-        self.passes = MicroBatchPasses(self.model, self.router, compute_dtype=compute_dtype)
-        self.optimizer = build_optimizer(self.model, lr, betas, weight_decay)
+        self.passes = MicroBatchPasses(self.model, self.router)
+        weights_dtype = next(self.model.parameters()).dtype
+        self.master = (MasterWeights(self.model, compute_dtype)
+                       if compute_dtype is not None and compute_dtype != weights_dtype else None)
+        trained = self.master.parameters() if self.master is not None else self.model.parameters()
+        self.optimizer = build_optimizer(trained, lr, betas, weight_decay)
 
     @property
     def is_moe(self) -> bool:
@@ -167,21 +168,28 @@ class SingleProcessBackend:
         set_lr(self.optimizer, lr)
         norm = float("nan")
         if grad_clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip))
+            trained = self.master.parameters() if self.master is not None else self.model.parameters()
+            norm = float(torch.nn.utils.clip_grad_norm_(list(trained), grad_clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.publish()
         return norm
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The module's state dict at training precision (the float32 masters under mixed precision)."""
+        return self.master.state_dict() if self.master is not None else self.model.state_dict()
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """See `TrainingBackend.named_weights` (the live tensors: no copy; with LoRA, the merged weights)."""
         if self.lora is not None:
-            yield from merged_state(self.model.state_dict(), scalings(self.model)).items()
+            yield from merged_state(self._state(), scalings(self.model)).items()
         else:
-            yield from self.model.state_dict().items()
+            yield from self._state().items()
 
     def adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """See `TrainingBackend.adapter_weights` (the live tensors: no copy)."""
-        yield from adapter_state(self.model).items()
+        yield from ((n, t) for n, t in self._state().items() if is_adapter_name(n))
 
     def save(self, folder: Path) -> None:
         """The HF-format model (`model.safetensors`, config) and `optimizer.pt`.
@@ -189,9 +197,9 @@ class SingleProcessBackend:
         With LoRA: the adapter (peft layout) and, when `save_merged`, the merged model.
         """
         if self.lora is None:
-            self.model.save_pretrained(folder)
+            self.model.save_pretrained(folder, state_dict=self._state())
         else:
-            save_adapter(folder, adapter_state(self.model), self.lora, self.policy.name)
+            save_adapter(folder, dict(self.adapter_weights()), self.lora, self.policy.name)
             if self.lora.save_merged:
                 self.model.config.architectures = [type(self.model).__name__]
                 self.model.config.save_pretrained(folder)
@@ -203,7 +211,9 @@ class SingleProcessBackend:
         from safetensors.torch import load_file
 
         if self.lora is not None:
-            load_adapter_into(self.model, folder)
+            load_adapter_into(dict(self.adapter_weights()), folder)
+            if self.master is not None:
+                self.master.publish()
             if not weights_only:
                 self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE))
             return
@@ -214,7 +224,8 @@ class SingleProcessBackend:
         for name in files:
             state |= load_file(folder / name)
         # Tied weights are saved once: strict=False keeps the tie, and the missing names must all be tied ones.
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        loader = self.master.load_state_dict if self.master is not None else self.model.load_state_dict
+        missing, unexpected = loader(state, strict=False)
         tied = {k for k in missing if k.endswith("lm_head.weight")}
         if set(missing) - tied or unexpected:
             raise ValueError(f"checkpoint {folder} does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "

@@ -39,9 +39,9 @@ from agentrl.objective import (
 )
 from agentrl.records import Sample, Trajectory
 from agentrl.training.backend import LossResult, PolicyObjective, TrainingBackend
-from agentrl.training.logprobs import compute_dtype_of, token_logprobs
+from agentrl.training.logprobs import token_logprobs
 from agentrl.training.metrics import weighted_mean
-from agentrl.training.microbatch import collate, pack_by_tokens
+from agentrl.training.microbatch import MicroBatch, collate, pack_by_tokens
 from agentrl.training.reference import ReferencePolicy
 from agentrl.training.routing_replay import DenseRouting
 
@@ -248,8 +248,8 @@ def score_old_policy(step: TrainingStep, samples: list[Sample]) -> OldPolicy:
     """pi_old: the trainer's log-probs of the sampled tokens before any update, and their mean entropy."""
     chunks = step.micro_batches(samples, range(len(samples)))
     step.routing.begin_step(len(samples))
-    requests = [step.routing.score_request(idx, [samples[i] for i in idx],
-                                           collate([samples[i] for i in idx], step.pad_id)) for idx in chunks]
+    requests = [step.routing.score_request(idx, [samples[i] for i in idx], step.collate(samples, idx))
+                for idx in chunks]
     logp: dict[int, torch.Tensor] = {}
     entropy_sum, entropy_tokens = 0.0, 0.0
     for idx, request, scored in zip(chunks, requests, step.backend.score(requests)):
@@ -306,9 +306,13 @@ class TrainingStep:
         self.old_policy_pass = choose_old_policy(self.loss, self.optim, self.routing)
 
     def micro_batches(self, samples: list[Sample], members: Sequence[int]) -> list[list[int]]:
-        """Sample indices per micro-batch: longest first, packed to the token budget (see `pack_by_tokens`)."""
+        """Sample indices per micro-batch: longest first, filled to the token budget (see `pack_by_tokens`)."""
         return pack_by_tokens([len(s.input_ids) for s in samples], members, self.trainer.micro_batch_tokens,
-                              self.trainer.micro_batch_size)
+                              self.trainer.micro_batch_size, packed=self.trainer.packing)
+
+    def collate(self, samples: list[Sample], idx: Sequence[int]) -> MicroBatch:
+        """The micro-batch of samples `idx`: padded, with the padding-free layout when `trainer.packing` is on."""
+        return collate([samples[i] for i in idx], self.pad_id, packed=self.trainer.packing)
 
     def make_samples(self, trajectories: list[Trajectory]) -> StepSamples:
         """Advantages within each group of episodes of the same task, then one sample per prefix-consistent run.
@@ -346,8 +350,7 @@ class TrainingStep:
         """The reference's log-probs of every sample's next tokens, per sample index `[len - 1]` (one no-grad pass)."""
         out: dict[int, torch.Tensor] = {}
         for idx in self.micro_batches(samples, range(len(samples))):
-            logp, _ = token_logprobs(self.reference.model, collate([samples[i] for i in idx], self.pad_id),
-                                     compute_dtype=compute_dtype_of(self.trainer.compute_dtype))
+            logp, _ = token_logprobs(self.reference.model, self.collate(samples, idx))
             out |= {i: logp[row, : len(samples[i].input_ids) - 1] for row, i in enumerate(idx)}
         return out
 
@@ -404,7 +407,7 @@ class TrainingStep:
                         ref_logp: dict[int, torch.Tensor]):
         """One micro-batch of the update: the padded batch, pi_old and the reference log-probs `[n, T]`, routed."""
         chunk = [samples[i] for i in idx]
-        mb = collate(chunk, self.pad_id)
+        mb = self.collate(samples, idx)
         width = mb.loss_mask.shape[1]
         mb_old = None if old.logp is None else torch.stack(
             [F.pad(old.logp[i], (0, width - len(old.logp[i]))) for i in idx])  # [n, T]
