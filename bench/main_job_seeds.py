@@ -2,6 +2,8 @@
 
     python bench/main_job_seeds.py                      # seeds 0-4, 20 steps each, HF engine (the default install)
     python bench/main_job_seeds.py --seeds 0 1 --steps 3
+    python bench/main_job_seeds.py --seeds 0 1 2 --engine auto --runs runs/main_job_bf16 \
+        --out docs/results/main_job_bf16.json   # the README's command as typed (issue 39's declared runs)
 
 For each seed it runs the shipped command, `agentrl run --env math --seed S` (configs/math-smollm2.yaml's settings:
 SmolLM2-135M-Instruct, MiniRL, 20 steps of 4 tasks x 8 episodes), in a subprocess exactly as a user types it, then
@@ -14,7 +16,9 @@ protocols, so both published figures can be read off one table:
   how bench/learn_math.py produced the README's 0.86.
 
 Writes docs/results/main_job_seeds.json: per seed the per-step train success, reward and entropy, and both held-out
-successes with Wilson intervals; across seeds the mean, min, max and standard deviation.
+successes with Wilson intervals, the mismatch KL(mu || pi_old) per step and the step and rollout seconds; across
+seeds the mean, min, max and standard deviation. `--engine` picks the training sampler only: held-out evals run on
+`--eval-engine` (hf, float32: the protocol of the five-seed study), so runs with other samplers compare on it.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--episodes", type=int, default=64)
-    parser.add_argument("--engine", default="hf", help="hf: what the default install (no vLLM) runs")
+    parser.add_argument("--engine", default="hf", help="the training sampler (hf: what the five-seed study ran; "
+                        "auto: the README's command as typed, vLLM where installed)")
+    parser.add_argument("--eval-engine", default="hf", help="the held-out evals' engine (the five-seed study: hf)")
     parser.add_argument("--runs", default="runs/main_job_seeds")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "main_job_seeds.json"))
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from an existing --out JSON")
@@ -75,11 +81,11 @@ def main() -> None:
             walls["train_s"] = _sh(agentrl + ["run", "--env", "math", "--seed", str(seed), "--steps", str(args.steps),
                                               "--engine", args.engine, "--output", str(run), "--overwrite"], log)
         walls["eval_s"] = _sh(agentrl + ["eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes",
-                                         str(args.episodes), "--engine", args.engine,
+                                         str(args.episodes), "--engine", args.eval_engine,
                                          "--output", str(run / "eval_agentrl")], log)
         walls["eval_train_sampling_s"] = _sh(
             agentrl + ["eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes", str(args.episodes),
-                       "--engine", args.engine, "--temperature", "1.0", "--top-p", "1.0", "--top-k", "0",
+                       "--engine", args.eval_engine, "--temperature", "1.0", "--top-p", "1.0", "--top-k", "0",
                        "--max-new-tokens", "64", "--output", str(run / "eval_train_sampling")],
             log)
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -88,6 +94,11 @@ def main() -> None:
             "train_success": [r["success_rate"] for r in rows],
             "train_reward": [r["reward_mean"] for r in rows],
             "entropy": [r.get("entropy") for r in rows],
+            "mismatch_kl_k3": [r.get("mismatch_kl_k3") for r in rows],
+            "step_seconds": [r.get("step_seconds") for r in rows],
+            "rollout_seconds": [r.get("rollout_seconds") for r in rows],
+            "padding_waste": [r.get("padding_waste") for r in rows],
+            "plan": json.loads((run / "plan.json").read_text()),
             "heldout_agentrl_eval": _success(run / "eval_agentrl"),
             "heldout_train_sampling": _success(run / "eval_train_sampling"),
         })
@@ -100,7 +111,8 @@ def main() -> None:
         summary[key] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
                         "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "values": values}
     result = {"command": "python bench/main_job_seeds.py " + " ".join(sys.argv[1:]), "steps": args.steps,
-              "episodes": args.episodes, "engine": args.engine, "seeds": per_seed, "summary": summary}
+              "episodes": args.episodes, "engine": args.engine, "eval_engine": args.eval_engine, "seeds": per_seed,
+              "summary": summary}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
