@@ -30,7 +30,8 @@ from typing import Any, ClassVar
 import yaml
 
 __all__ = [
-    "EnvConfig", "SamplingConfig", "EngineConfig", "RunnersConfig", "SchedulerConfig", "ContextConfig",
+    "EnvConfig", "SamplingConfig", "EngineConfig", "VllmEngineConfig", "RunnersConfig", "SchedulerConfig",
+    "ContextConfig",
     "TrainerConfig", "LoraConfig", "OptimConfig", "LossConfig", "OverlongConfig", "AdvantageConfig", "GuardConfig",
     "LogConfig", "AgentConfig",
     "RunConfig",
@@ -118,6 +119,45 @@ class SamplingConfig:
         _require(self.max_new_tokens >= 1, "sampling.max_new_tokens", self.max_new_tokens, ">= 1")
 
 
+VLLM_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+"""`VllmEngineConfig.kv_cache_dtype` values: the engine's dtype, or an FP8 format both vLLM builds store."""
+
+
+@dataclass(frozen=True)
+class VllmEngineConfig:
+    """vLLM's own throughput settings (``--engine.vllm.*``); the defaults are what the engine always used.
+
+    Each one is handed to vLLM's ``LLM(...)`` by `agentrl.engine.vllm.VLLMEngine`; `bench/engine_tuning.py` measures
+    them on the headline command. The HF engine ignores them.
+    """
+
+    block_size: int = 0
+    """Tokens per KV-cache block, which is also where prefix-cache hits land: a turn re-prefills its prompt from the
+    last whole cached block, so smaller blocks re-prefill fewer tokens per turn. 0: vLLM's default (128 on the CPU
+    build, 16 on GPUs); the CPU attention's fast kernels want a multiple of 32."""
+    kv_cache_dtype: str = "auto"
+    """What the KV cache stores: ``auto`` (the engine's dtype) or ``fp8`` / ``fp8_e4m3`` / ``fp8_e5m2`` (half the
+    bytes a bfloat16 cache reads per decode step, at some precision: the sampler then departs further from the
+    trainer, which the mismatch KL shows)."""
+    max_num_seqs: int = 0
+    """Most requests in one engine step; 0: vLLM's default (256 on the CPU build, more than a rollout's episodes)."""
+    max_num_batched_tokens: int = 0
+    """Most tokens (prefill + decode) in one engine step; 0: the longest context or 4096 if more on the CPU build
+    (which prefills whole prompts, so this must hold the longest one), vLLM's default on GPUs."""
+    enforce_eager: bool = True
+    """Run the model eagerly (as always so far); off, vLLM compiles it (torch.compile with Inductor on the CPU build,
+    CUDA graphs on GPUs): fewer per-op overheads per step, at a compile cost when the engine starts."""
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 0 and self.block_size % 16 == 0, "engine.vllm.block_size", self.block_size,
+                 "0 (vLLM's default) or a positive multiple of 16 (32, 64, 128: the CPU build wants multiples of 32)")
+        _require(self.kv_cache_dtype in VLLM_KV_CACHE_DTYPES, "engine.vllm.kv_cache_dtype", self.kv_cache_dtype,
+                 f"one of {', '.join(VLLM_KV_CACHE_DTYPES)}")
+        _require(self.max_num_seqs >= 0, "engine.vllm.max_num_seqs", self.max_num_seqs, ">= 0 (0: vLLM's default)")
+        _require(self.max_num_batched_tokens >= 0, "engine.vllm.max_num_batched_tokens", self.max_num_batched_tokens,
+                 ">= 0 (0: the longest context on the CPU build, vLLM's default on GPUs)")
+
+
 @dataclass
 class EngineConfig:
     """The inference engines: which kind, how many, in what precision, on which devices (see `agentrl.engine`)."""
@@ -144,6 +184,8 @@ class EngineConfig:
     ray_resource: str = ""
     """A Ray custom resource that places the engine actors (empty: anywhere): each asks 0.01 of it, so they start only
     on nodes started with ``ray start --resources '{"NAME": 1}'``; engines become Ray actors even with one replica."""
+    vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)
+    """vLLM's throughput settings (KV block size and dtype, batch limits, compilation)."""
 
     def __post_init__(self) -> None:
         _require(self.kind in ("auto", "hf", "vllm"), "engine.kind", self.kind, "auto, hf or vllm")

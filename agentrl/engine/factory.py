@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import VllmEngineConfig
 from agentrl.engine.base import RequestEngine
 from agentrl.engine.requests import BatchedRequests
 
@@ -41,6 +42,8 @@ class EngineSpec:
         sleep_mode: the engine shares a trainer's GPU and sleeps while it trains (vLLM sleep mode, GPU builds).
         lora: LoRA settings when an in-process vLLM engine takes the adapters (base weights once, adapters by
             version); None: full weights (the HF engine takes adapters through the module it copies).
+        vllm: vLLM's throughput settings (``engine.vllm``: KV block size and dtype, batch limits, compilation); the
+            HF engine ignores them.
     """
 
     kind: str = "hf"
@@ -52,6 +55,7 @@ class EngineSpec:
     seed: int = 0
     sleep_mode: bool = False
     lora: Any = None
+    vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
@@ -101,7 +105,8 @@ def build_engine(spec: EngineSpec, folder: Path) -> RequestEngine:
         from agentrl.engine.vllm import VLLMEngine
 
         return VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len, kv_cache_gib=spec.kv_cache_gib,
-                          seed=spec.seed, capture_routes=spec.capture_routes, sleep_mode=spec.sleep_mode)
+                          seed=spec.seed, capture_routes=spec.capture_routes, sleep_mode=spec.sleep_mode,
+                          tuning=spec.vllm)
     from agentrl.engine.hf import HFEngine
     from agentrl.models import load_model
 

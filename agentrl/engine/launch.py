@@ -82,7 +82,7 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
         try:
             engine = VLLMEngine(folder, dtype=spec.dtype, max_model_len=spec.max_model_len,
                                 kv_cache_gib=spec.kv_cache_gib, seed=spec.seed, capture_routes=spec.capture_routes,
-                                sleep_mode=spec.sleep_mode, lora=spec.lora)
+                                sleep_mode=spec.sleep_mode, lora=spec.lora, tuning=spec.vllm)
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # vLLM has read the weights; later ones come as tensors
         if spec.lora is not None:  # the base is loaded: the policy's adapters (a resumed run's trained ones) on top

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.config import VllmEngineConfig
 from agentrl.engine.base import (
     EngineError,
     EngineRequest,
@@ -53,7 +54,7 @@ from agentrl.engine.base import (
     SamplingParams,
 )
 
-__all__ = ["VLLMEngine", "vllm_sampling_params", "check_servable", "vllm_available", "quiet_vllm"]
+__all__ = ["VLLMEngine", "vllm_sampling_params", "tuning_kwargs", "check_servable", "vllm_available", "quiet_vllm"]
 
 GIB = 1 << 30
 
@@ -111,6 +112,40 @@ def vllm_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int] =
     # Our contract keeps the text up to and including the stop string (the HF engine does the same).
     return VllmParams(**kwargs, logprobs=0, include_stop_str_in_output=True, stop_token_ids=list(stop_token_ids),
                       detokenize=bool(params.stop))
+
+
+def tuning_kwargs(tuning: VllmEngineConfig, *, max_model_len: int, cpu: bool) -> dict[str, Any]:
+    """The ``LLM(...)`` arguments of `tuning` (``engine.vllm``); its defaults give the arguments always passed.
+
+    Args:
+        tuning: the settings.
+        max_model_len: longest prompt + reply.
+        cpu: vLLM's CPU build (which prefills whole prompts, see below).
+
+    Raises:
+        EngineError: a step token budget that cannot hold the longest prompt on the CPU build.
+    """
+    kwargs: dict[str, Any] = {"enforce_eager": tuning.enforce_eager}
+    if cpu:
+        # A prompt prefilled in chunks has its sampled token discarded, and vLLM then rewinds that request's
+        # seeded generator by an offset, which CPU generators do not have: the step dies with "CPU Generator
+        # does not use offset" as soon as seeded prompts exceed one step's token budget (32 WebShop episodes'
+        # first turns). Whole-prompt prefills avoid the rewind; the budget must then hold the longest prompt.
+        budget = tuning.max_num_batched_tokens or max(max_model_len, 4096)
+        if budget < max_model_len:
+            raise EngineError(f"engine.vllm.max_num_batched_tokens {budget} cannot hold the longest prompt "
+                              f"({max_model_len} tokens): the vLLM CPU build prefills whole prompts. Raise it to at "
+                              f"least {max_model_len}, or set 0")
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
+    elif tuning.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = tuning.max_num_batched_tokens
+    if tuning.block_size:
+        kwargs["block_size"] = tuning.block_size
+    if tuning.kv_cache_dtype != "auto":
+        kwargs["kv_cache_dtype"] = tuning.kv_cache_dtype
+    if tuning.max_num_seqs:
+        kwargs["max_num_seqs"] = tuning.max_num_seqs
+    return kwargs
 
 
 def _model_config(model_dir: Path) -> dict[str, Any]:
@@ -230,12 +265,14 @@ class VLLMEngine:
         sleep_mode: let `sleep` free the GPU for colocated trainers (vLLM's sleep mode; GPU builds only).
         lora: LoRA settings (`agentrl.config.LoraConfig`): `model_dir` holds the base weights and `update_weights`
             takes the adapter tensors alone (see the module docstring); None: full weights.
+        tuning: vLLM's throughput settings (`agentrl.config.VllmEngineConfig`: KV block size and dtype, batch
+            limits, compilation; `tuning_kwargs`); None: their defaults.
     """
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 4096,
                  kv_cache_gib: float = 1.0, memory_fraction: float = 0.15, seed: int = 0,
                  capture_routes: bool = False, weight_transfer: str | None = None, sleep_mode: bool = False,
-                 lora: Any = None):
+                 lora: Any = None, tuning: VllmEngineConfig | None = None):
         problem = vllm_available()
         if problem is not None:
             raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
@@ -260,13 +297,8 @@ class VLLMEngine:
             kwargs["enable_return_routed_experts"] = True
         from vllm.platforms import current_platform
 
-        if current_platform.is_cpu():
-            # A prompt prefilled in chunks has its sampled token discarded, and vLLM then rewinds that request's
-            # seeded generator by an offset, which CPU generators do not have: the step dies with "CPU Generator
-            # does not use offset" as soon as seeded prompts exceed one step's token budget (32 WebShop episodes'
-            # first turns). Whole-prompt prefills avoid the rewind; the budget must then hold the longest prompt.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(max_model_len, 4096)
+        kwargs.update(tuning_kwargs(tuning or VllmEngineConfig(), max_model_len=max_model_len,
+                                    cpu=current_platform.is_cpu()))
         if sleep_mode:
             if not current_platform.is_sleep_mode_available():
                 raise EngineError("colocated engines sleep while the trainers train, and vLLM's sleep mode needs a GPU "
@@ -287,7 +319,7 @@ class VLLMEngine:
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
         try:
             with _hidden_from_module_scan("llvmlite"):
-                self.llm = LLM(model=str(self.model_dir), dtype=dtype, enforce_eager=True, enable_prefix_caching=True,
+                self.llm = LLM(model=str(self.model_dir), dtype=dtype, enable_prefix_caching=True,
                                logprobs_mode="processed_logprobs", max_model_len=max_model_len, seed=seed,
                                gpu_memory_utilization=memory_fraction,
                                kv_cache_memory_bytes=int(kv_cache_gib * GIB), **kwargs)

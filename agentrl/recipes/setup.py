@@ -362,7 +362,7 @@ def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: T
     spec = EngineSpec(kind=plan.engine, dtype=plan.engine_dtype, batch_size=cfg.engine.batch_size,
                       capture_routes=backend.is_moe, kv_cache_gib=plan.kv_cache_gib, seed=cfg.seed,
                       max_model_len=cfg.context.max_context_tokens + cfg.sampling.max_new_tokens,
-                      sleep_mode=cfg.engine.colocate,
+                      sleep_mode=cfg.engine.colocate, vllm=cfg.engine.vllm,
                       lora=cfg.trainer.lora if plan.sync_adapters and plan.engine == "vllm" else None)
     share = backend.trains_in_place and cfg.scheduler.sync_every == 1 and not cfg.scheduler.async_rollout
     try:
