@@ -539,7 +539,7 @@ def _build_engine(cfg: EvalConfig, policy) -> RequestEngine:
     kv_gib = cfg.engine.kv_cache_gib or size_kv_cache(
         policy.model.config, torch.finfo(getattr(torch, dtype)).bits // 8, episodes, context, available)[0]
     spec = EngineSpec(kind=cfg.engine.kind, dtype=dtype, batch_size=cfg.engine.batch_size, seed=cfg.seed,
-                      max_model_len=context, kv_cache_gib=kv_gib)
+                      max_model_len=context, kv_cache_gib=kv_gib, vllm=cfg.engine.vllm)
     try:
         # One replica stays in this process even on a cluster (the runners use it): no weights to ship to an actor.
         return build_engines(spec, policy, replicas=cfg.engine.replicas, share_module=True,

@@ -102,7 +102,8 @@ def open_server(cfg: ServeConfig, *, policy=None):
     kind, _ = choose_engine(cfg.engine.kind, policy.model, cfg.model)
     dtype = cfg.engine.dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch.")
     spec = EngineSpec(kind=kind, dtype=dtype, batch_size=cfg.engine.batch_size, seed=cfg.seed,
-                      max_model_len=cfg.context.max_context_tokens, kv_cache_gib=cfg.engine.kv_cache_gib or 1.0)
+                      max_model_len=cfg.context.max_context_tokens, kv_cache_gib=cfg.engine.kv_cache_gib or 1.0,
+                      vllm=cfg.engine.vllm)
     try:
         engine = build_engines(spec, policy, replicas=cfg.engine.replicas, share_module=True)
     except EngineError as e:
