@@ -117,6 +117,25 @@ def test_packed_logprobs_entropy_and_gradients_equal_the_padded_pass(family):
     assert (results[True][0][mb.loss_mask == 0] == 0).all()
 
 
+@pytest.mark.parametrize("waste", [0.0, 100.0], ids=["per-segment", "one-padded-batch"])
+def test_both_packed_attention_layouts_equal_the_padded_pass(monkeypatch, waste):
+    """Segments attend one call each, or as one right-padded batch (similar lengths): both equal the padded pass."""
+    import agentrl.training.packing as packing
+
+    monkeypatch.setattr(packing, "BATCH_SEGMENTS_WASTE", waste)
+    model = _config_model("llama")
+    samples = _samples(lengths=(31, 17, 40, 3, 26))
+    results = {}
+    for packed in (False, True):
+        model.zero_grad()
+        lp, ent = token_logprobs(model, collate(samples, 0, packed=packed), with_entropy=True, entropy_grad=True)
+        (lp * 0.7 + ent * 0.3).sum().backward()
+        results[packed] = lp.detach(), ent.detach(), _grads(model)
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-5, atol=1e-6)
+    _assert_grads_close(results[True][2], results[False][2])
+
+
 def test_packed_loss_and_gradients_on_the_tiny_qwen3_with_its_real_vocabulary(tiny_qwen3):
     model = copy.deepcopy(tiny_qwen3.model).train()
     passes = MicroBatchPasses(model)

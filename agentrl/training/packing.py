@@ -92,10 +92,37 @@ def _packed_sdpa(module: torch.nn.Module, query: Tensor, key: Tensor, value: Ten
     for name in ("cu_seq_lens_k", "max_length_q", "max_length_k", "sliding_window"):
         kwargs.pop(name, None)
     bounds = bounds.tolist()
+    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    if len(lengths) > 1 and len(lengths) * max(lengths) ** 2 <= BATCH_SEGMENTS_WASTE * sum(n * n for n in lengths):
+        # Segments of similar length attend as one right-padded batch: one kernel call instead of one per sample
+        # (CPU SDPA's backward pays a fixed cost per call; the main job's 32 samples: 1.4x faster attention). With
+        # causal attention a real query sees only earlier, real keys of its own row; padded queries are dropped.
+        index, valid = _segment_grid(lengths, query.device)  # [n, Tmax]
+        def rows(x):
+            return x[0][:, index].transpose(0, 1)  # [1, h, L, d] -> [n, h, Tmax, d]
+        out = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None, dropout=dropout,
+                                     scaling=scaling, is_causal=True, **kwargs)[0]  # [n, Tmax, heads, d]
+        return out[valid][None], None  # [1, L, heads, d]: valid positions in row order are the packed order
     parts = [sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
                                     dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
              for s, e in zip(bounds[:-1], bounds[1:])]  # each [1, len_i, heads, d]
     return torch.cat(parts, dim=1), None  # [1, L, heads, d]
+
+
+BATCH_SEGMENTS_WASTE = 2.0
+"""Attention runs the segments as one padded batch while that costs at most this many times the attention FLOPs of
+the segments alone (n x longest^2 against the sum of length^2); past it (one long sample among short ones), per
+segment."""
+
+
+def _segment_grid(lengths: list[int], device) -> tuple[Tensor, Tensor]:
+    """`(index [n, Tmax], valid [n, Tmax])`: packed position of each sample's t-th token (0 past its end)."""
+    longest = max(lengths)
+    starts = torch.tensor([0, *lengths[:-1]], device=device).cumsum(0)  # [n]
+    t = torch.arange(longest, device=device)  # [Tmax]
+    valid = t[None, :] < torch.tensor(lengths, device=device)[:, None]  # [n, Tmax]
+    index = torch.where(valid, starts[:, None] + t[None, :], 0)  # [n, Tmax]
+    return index, valid
 
 
 def _packed_sdpa_mask(*args, **kwargs):
