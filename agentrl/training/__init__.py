@@ -5,9 +5,11 @@
 * `fsdp`: FSDP2 over N Ray trainer workers.
 * `placement`: where trainers and engines go (one Ray placement group, checked before anything starts).
 * `checkpoint`: the checkpoint folder (HF-format weights + sharded optimizer state) and exact resume.
-* `replay`: Routing Replay as a strategy chosen once per run.
+* `routing_replay`: Routing Replay as a strategy chosen once per run.
 * `logprobs`: log-probs and entropy without a full `[B, T, V]` logits tensor.
 * `microbatch`: `MicroBatch`, collation and token-budget packing.
+* `packing`: padding-free forward passes (samples back to back in one row, attention confined to each).
+* `precision`: bf16 compute with float32 master weights, chosen by what the hardware does natively.
 * `memory`: the peak-memory estimate that decides gradient checkpointing and refuses configs that cannot fit.
 * `metrics`: the step's metrics line.
 """

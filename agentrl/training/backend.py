@@ -49,8 +49,11 @@ class ScoreRequest:
     """One micro-batch for the pi_old pass.
 
     Attributes:
-        batch: the right-padded micro-batch (`agentrl.training.microbatch.MicroBatch`).
-        replay_routes: MoE experts to replay in the forward, `[n, S, L, K]` (R3); None routes live.
+        batch: the micro-batch (`agentrl.training.microbatch.MicroBatch`: padded tensors, and a packed row when
+            `trainer.packing` is on).
+        replay_routes: MoE experts to replay in the forward (R3), in the batch's forward layout
+            (`MicroBatch.forward_layout`: `[n, S, L, K]` padded, per token of the packed row when packed); None
+            routes live.
         record_routes: return the experts the training router chose (R2 replays them in the updates).
     """
 
@@ -66,7 +69,8 @@ class Scored:
     Attributes:
         logp: log pi_old of every next token, `[n, T]` (0 before the first loss position).
         entropy: the policy entropy at every position, `[n, T]`.
-        routes: the experts the training router chose, `[n, S, L, K]`, when `record_routes` was asked; else None.
+        routes: the experts the training router chose, in the batch's forward layout, when `record_routes` was
+            asked; else None.
     """
 
     logp: torch.Tensor
@@ -79,7 +83,7 @@ class UpdateRequest:
     """One micro-batch for the forward + backward of the policy loss.
 
     Attributes:
-        batch: the right-padded micro-batch.
+        batch: the micro-batch (padded tensors, and its packed row when packing).
         old_logp: log pi_old of its tokens, `[n, T]`; None: this pass's own log-probs, detached (one optimizer
             step per rollout, so the weights being updated are pi_old).
         replay_routes: MoE experts to replay in the forward and the backward (R2 / R3); None routes live.
