@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_training_memory import _samples  # the same random samples as the memory tests
 
 from agentrl.config import ConfigError, TrainerConfig
-from agentrl.records import Sample
 from agentrl.training.logprobs import token_logprobs
 from agentrl.training.microbatch import collate
 from agentrl.training.precision import MasterWeights, native_bf16, resolve_compute_dtype
-
-
-def _samples(lengths, prompt=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for k, n in enumerate(lengths):
-        ids = torch.randint(0, 150_000, (n,), generator=g).tolist()
-        mask = [0] * prompt + [1] * (n - prompt)
-        rlp = [0.0] * prompt + (-torch.rand(n - prompt, generator=g) * 3).tolist()
-        out.append(Sample(tuple(ids), tuple(mask), tuple(rlp), float(k % 3 - 1), k // 2, 0))
-    return out
 
 
 def _backend(compute_dtype, lr=1e-3, **kwargs):
