@@ -342,7 +342,8 @@ def one_run(variant: Variant, command: Sequence[str], run: Path, timeout: float,
     except subprocess.TimeoutExpired as e:
         code, tail = 124, f"timed out after {timeout:.0f} s: {(e.stderr or b'')[-2000:]!r}"
     wall = time.perf_counter() - t0
-    row: dict[str, Any] = {"variant": variant.name, "argv": argv, "env": variant.env, "returncode": code,
+    shown = [a.replace(f"{ROOT}/", "") for a in argv]  # no machine paths in git
+    row: dict[str, Any] = {"variant": variant.name, "argv": shown, "env": variant.env, "returncode": code,
                            "load_before": round(before, 2), "load_after": round(os.getloadavg()[0], 2)}
     if code == 0:
         try:
@@ -353,7 +354,7 @@ def one_run(variant: Variant, command: Sequence[str], run: Path, timeout: float,
         row |= {"wall_s": round(wall, 1), "error": tail}
     if not keep_checkpoint:
         shutil.rmtree(run / "checkpoint", ignore_errors=True)
-    row["run"] = str(run)
+    row["run"] = str(run.relative_to(ROOT)) if run.is_relative_to(ROOT) else str(run)  # no machine paths in git
     return row
 
 
