@@ -64,6 +64,9 @@ def _config(tmp_path, **overrides) -> RunConfig:
         "output": str(tmp_path / "run"), "scheduler.prompts_per_step": 2, "scheduler.group_size": 4,
         "sampling.max_new_tokens": 6, "optim.lr": 1e-3, "guard.enabled": False, "loss.per_turn_samples": True,
         "token_values_per_step": PER_STEP,
+        # rho = 1 to 1e-3 below needs the sampler and the trainer to round alike: float32 (in bfloat16 the HF
+        # engine's token-by-token decode and the trainer's one pass differ by bf16 rounding, ~1e-2 in log-prob).
+        "trainer.compute_dtype": "float32",
     }
     return apply_overrides(RunConfig(), base | overrides)
 

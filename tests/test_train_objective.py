@@ -73,8 +73,11 @@ def test_reference_kl_in_loss_and_reward_and_entropy_bonus_in_the_loop(tmp_path)
     out = train(_cfg(tmp_path, **{"loss.options": {"kl_coef": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01},
                                   "loss.kl_reward_coef": 0.05}), progress=False)
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    reference = load_model("tiny-qwen3").model  # the frozen copy: parameters and buffers, float32
-    assert row["ref_model_bytes"] == sum(t.numel() * 4 for t in (*reference.parameters(), *reference.buffers()))
+    # The frozen copy, parameters and buffers, in the dtype the trainer computes in (bf16 where native).
+    compute = getattr(torch, json.loads((out / "plan.json").read_text())["compute_dtype"])
+    reference = load_model("tiny-qwen3", dtype=compute).model
+    assert row["ref_model_bytes"] == sum(t.numel() * t.element_size()
+                                         for t in (*reference.parameters(), *reference.buffers()))
     assert row["ref_kl"] == pytest.approx(0.0, abs=1e-6)  # one on-policy update: pi_theta = pi_ref
     assert abs(row["kl_reward_penalty_mean"]) < 1e-3  # 0.05 * sum_t k1(mu, pi_ref): the engine samples pi_ref itself
     assert row["policy_entropy"] == pytest.approx(row["entropy"], rel=1e-4)  # the bonus's entropy is pi_old's
