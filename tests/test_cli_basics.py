@@ -53,6 +53,8 @@ def test_doctor_reports_the_machine_and_the_engine_choice():
     cpu = report["cpu"]
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].splitlines()[0].split()
     assert cpu["native_bf16"] == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    # the trainer's `auto` precision follows the same capability (what a run's plan will say)
+    assert report["trainer_compute"]["dtype"] == ("bfloat16" if cpu["native_bf16"] else "float32")
     assert cpu["cores"]["logical"] == os.cpu_count()
     assert report["memory"]["total_gib"] > 0
     assert report["gpus"]["available"] == torch.cuda.is_available()

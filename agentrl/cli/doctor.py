@@ -54,8 +54,20 @@ def collect(model: str | None = None) -> dict[str, Any]:
         "chromium": _chromium(),
         "containers": {tool: _tool(tool) for tool in ("podman", "docker", "bwrap")},
         "engine": _engine(model),
+        "trainer_compute": _trainer_compute(),
         "default_model": _default_model(RunConfig().model),
     }
+
+
+def _trainer_compute() -> dict[str, Any]:
+    """What ``trainer.compute_dtype: auto`` resolves to on this machine's CPU (`agentrl.training.precision`)."""
+    try:
+        from agentrl.training.precision import resolve_compute_dtype
+
+        choice = resolve_compute_dtype("auto", "float32")
+        return {"dtype": choice.dtype, "why": choice.why}
+    except Exception as e:  # the report must survive a broken install
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _package(name: str, dists: tuple[str, ...]) -> dict[str, Any]:
@@ -253,6 +265,8 @@ def render(report: dict[str, Any]) -> str:
     torch_view = t.get("error") or (f"capability {t['capability']}, avx512_bf16={_yn(t['avx512_bf16'])}, "
                                     f"amx_tile={_yn(t['amx_tile'])}, mkldnn_bf16={_yn(t['mkldnn_bf16'])}")
     rows.append(("native bf16", f"{'yes' if cpu['native_bf16'] else 'no'} (torch: {torch_view})"))
+    c = report.get("trainer_compute", {})
+    rows.append(("trainer compute", c.get("error") or f"{c['dtype']} ({c['why']})"))
     cores = cpu["cores"]
     rows.append(("cores", f"{cores['logical']} logical, {cores.get('usable')} usable"
                  + (f", {cores['physical']} physical" if cores.get("physical") else "")))
