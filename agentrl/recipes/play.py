@@ -39,7 +39,7 @@ def play_episode(env: TextEnv, seed: int = 0, expert: bool = False, max_steps: i
             print_fn(f"> {action}")
         else:
             try:
-                action = input_fn("> ")
+                action = _read_action(input_fn)
             except EOFError:  # stdin closed (Ctrl-D, or a pipe ran dry): stop cleanly and say so
                 print_fn("\n[end of input: the episode was not finished]")
                 break
@@ -54,3 +54,15 @@ def play_episode(env: TextEnv, seed: int = 0, expert: bool = False, max_steps: i
     env.close()
     print_fn(f"reward={total:g} success={success} steps={steps}")
     return PlayResult(total, success, steps, ended)
+
+
+def _read_action(input_fn) -> str:
+    """One action; a ``` block opened on a line (or asked for by ``write_file PATH``) is read up to its closing fence.
+
+    So code and files can be typed at `agentrl play --env code` as the code env's text form takes them.
+    """
+    lines = [input_fn("> ")]
+    while "\n".join(lines).count("```") % 2 == 1 or (lines[0].strip().startswith("write_file")
+                                                      and "```" not in "\n".join(lines)):
+        lines.append(input_fn(". "))
+    return "\n".join(lines)

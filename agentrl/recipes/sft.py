@@ -42,6 +42,7 @@ import yaml
 
 from agentrl.chat.context import ChatContext
 from agentrl.chat.layout import resolve_context
+from agentrl.chat.parsers import ToolCall
 from agentrl.chat.samples import trajectory_to_samples
 from agentrl.config import (
     ConfigError,
@@ -154,8 +155,25 @@ def _render(context: ChatContext, messages: list[dict[str, str]], add_generation
                                                  **extra, **kwargs)
 
 
+def _tool_call_of(context: ChatContext, action: str) -> ToolCall | None:
+    """The function call an expert's action makes, when the context declares tools its family can call."""
+    if not (context.tools and context.family is not None and context.family.max_tool_calls):
+        return None
+    try:
+        value = json.loads(action)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    if isinstance(value, dict) and set(value) == {"name", "arguments"} and isinstance(value["arguments"], dict):
+        return ToolCall(str(value["name"]), value["arguments"])
+    return None
+
+
 def reply_ids(context: ChatContext, content: str) -> list[int]:
     """The ids a model would generate for the assistant message `content` after the context's current prompt.
+
+    In an env that declares tools (``info["tools"]``), an expert action that is a function call
+    (``{"name": ..., "arguments": {...}}`` JSON, what `ChatContext.action_from_reply` gives the env) becomes the call
+    written in the family's own tool-call syntax, so SFT teaches the model to call the tool, not to type JSON.
 
     The template says what a reply looks like: rendering the history plus the assistant message, minus the prompt
     (which ends with the generation header), is the reply text, cut after the end-of-turn marker. So a Qwen3 reply
@@ -165,6 +183,11 @@ def reply_ids(context: ChatContext, content: str) -> list[int]:
     Raises:
         SFTError: when the template does not render the reply after the prompt (it cannot be imitated token by token).
     """
+    call = _tool_call_of(context, content)
+    if call is not None:
+        assert context.family is not None
+        text = context.family.write_reply(context.messages, "", "", [call], tools=context.tools, **context.chat_kwargs)
+        return context.tokenizer(text, add_special_tokens=False)["input_ids"]
     prompt = context.text
     full = _render(context, context.messages + [{"role": "assistant", "content": content}], False)
     if not full.startswith(prompt):
