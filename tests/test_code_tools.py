@@ -10,8 +10,15 @@ import pytest
 from agentrl.chat.context import ChatContext
 from agentrl.chat.families import FAMILIES, get_family
 from agentrl.chat.parsers import ToolCall as ParsedCall
-from agentrl.envs.code.tools import TOOL_NAMES, TOOLS, ToolCall, ToolCallError, parse_action, tool_call_json, \
-    tool_call_text
+from agentrl.envs.code.tools import (
+    TOOL_NAMES,
+    TOOLS,
+    ToolCall,
+    ToolCallError,
+    parse_action,
+    tool_call_json,
+    tool_call_text,
+)
 
 CODE = 'def f(xs):\n    """Sum of "quoted" things."""\n    return sum(x for x in xs if x % 2 == 0)  # even\n'
 CALLS = [
@@ -47,9 +54,8 @@ def test_openai_wire_form_with_string_arguments():
     ("```ruby\nputs 1\n```", "neither Python nor shell"),
 ])
 def test_replies_that_are_no_call_say_what_to_write(reply, needle):
-    with pytest.raises(ToolCallError, match=needle.replace("(", r"\(").replace(")", r"\)")) as e:
+    with pytest.raises(ToolCallError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse_action(reply)
-    assert "run_python" in str(e.value) or "must be strings" in str(e.value) or "not valid JSON" in str(e.value)
 
 
 def test_prose_around_a_block_and_a_trailing_submit_line():
@@ -64,7 +70,10 @@ def test_every_tool_family_renders_the_tools_and_its_parser_reads_each_call_back
     f = get_family(family)
     ctx = ChatContext(qwen3_tokenizer, "You are a programming agent.", {"thinking": True}, family=family)
     ctx.first_prompt("Write f in solution.py.", {"tools": [dict(t) for t in TOOLS]})
-    assert all(name in ctx.text for name in TOOL_NAMES), f"{family}: the template did not declare every tool"
+    declared = [name for name in TOOL_NAMES if name in ctx.text]
+    # DeepSeek's official templates parse calls but never render declarations; the env's system prompt names the
+    # tools in words, which is what those models get.
+    assert declared == ([] if family.startswith("deepseek") else list(TOOL_NAMES)), family
     for name, args in CALLS:
         text = f.write_reply(ctx.messages, "", "", [ParsedCall(name, dict(args))], tools=ctx.tools, **ctx.chat_kwargs)
         ids = qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -131,10 +131,11 @@ def _from_text(text: str) -> ToolCall | None:
         return ToolCall.make("read_file", path=path_line.group(2))
     if fence is not None:
         lang = fence.group(1).lower()
+        body = fence.group(2)[:-1] if fence.group(2).endswith("\n") else fence.group(2)  # the fence's own newline
         if lang in _PYTHON_LANGS:
-            return ToolCall.make("run_python", code=fence.group(2))
+            return ToolCall.make("run_python", code=body)
         if lang in _SHELL_LANGS:
-            return ToolCall.make("run_shell", command=fence.group(2))
+            return ToolCall.make("run_shell", command=body)
         raise ToolCallError(f"a ```{lang[:20]} block is neither Python nor shell. {ACTION_HELP}")
     if re.fullmatch(r"\s*(submit(\(\))?\.?)\s*", text, flags=re.IGNORECASE) or re.search(
             r"^\s*submit(\(\))?\s*$", text, flags=re.MULTILINE):
@@ -169,11 +170,12 @@ def tool_call_json(name: str, **arguments: str) -> str:
 def tool_call_text(name: str, **arguments: str) -> str:
     """A call in the plain-text form (for templates without tools, and for people)."""
     if name == "run_python":
-        return f"```python\n{arguments['code'].rstrip()}\n```"
+        return f"```python\n{arguments['code']}\n```"
     if name == "run_shell":
-        return f"```bash\n{arguments['command'].rstrip()}\n```"
-    if name == "write_file":
-        return f"write_file {arguments['path']}\n```\n{arguments['content'].rstrip()}\n```"
+        return f"```bash\n{arguments['command']}\n```"
+    if name == "write_file":  # a file's content keeps its last newline, and gets one if it had none
+        content = arguments["content"]
+        return f"write_file {arguments['path']}\n```\n{content}{'' if content.endswith(chr(10)) else chr(10)}```"
     if name == "read_file":
         return f"read_file {arguments['path']}"
     if name == "submit":

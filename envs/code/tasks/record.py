@@ -60,7 +60,7 @@ class CodeTask:
     """One task. Exactly one of `cases` (function task) or `scripts` (script-graded task) is non-empty."""
 
     task_id: str
-    """Stable id: ``procedural/<family>/<split>/<seed>``, ``humaneval/HumanEval/0``, ``harbor/<folder>``."""
+    """Stable id: ``procedural/<family>/<split>/<12 hex digits>``, ``humaneval/HumanEval/0``, ``harbor/...``."""
     instruction: str
     """What the agent reads first (after the env's tool instructions)."""
     family: str

@@ -1,0 +1,6 @@
+#!/bin/bash
+cat > /app/shout.py <<'PY'
+import sys
+
+print(sys.stdin.read().upper(), end="")
+PY
