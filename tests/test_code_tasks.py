@@ -345,7 +345,9 @@ def test_one_bad_case_does_not_sink_the_rest(new_sandbox):
         "import os\ndef add(a, b):\n    if a == 2:\n        os._exit(0)\n    return a + b\n":
             "the process ended during this case: exit code 0",
         "def add(a, b):\n    if a == 2:\n        return {a, b}\n    return a + b\n": "returned a set",
-        "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n": "timed out (over 0.5 s)",
+        "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n": "timed out (over 0.5 s of CPU time)",
+        "import time\ndef add(a, b):\n    if a == 2:\n        time.sleep(60)\n    return a + b\n":
+            "timed out (over 3 s of wall clock",  # the wall backstop: 4 x 0.5 s + 1 s
         "def add(a, b):\n    if a == 2:\n        try:\n            while True:\n                pass\n"
         "        except BaseException:\n            while True:\n                pass\n    return a + b\n":
             "timed out (",  # the alarm is swallowed: the CPU time bound ends it
@@ -378,7 +380,7 @@ def test_printed_fake_results_and_early_exits_do_not_pass(new_sandbox):
     assert grade_reference(task, new_sandbox).all_passed
 
 
-def test_grader_files_left_in_the_workspace_are_replaced(new_sandbox):
+def test_grader_files_left_in_the_workspace_are_ignored(new_sandbox):
     planted = {".agentrl_grader/run_cases.py": "print('rigged')\n", "solution.py": "def add(a, b):\n    return 0\n"}
     report = _grade_files(_ADD, planted, new_sandbox)
     assert report.passed == 1  # only add(0, 0) == 0: the real runner ran
@@ -397,7 +399,7 @@ def test_grader_files_left_in_the_workspace_are_replaced(new_sandbox):
 
 def test_values_match():
     assert values_match(3, 3.0) and values_match(0.1 + 0.2, 0.3) and values_match([1, [2, 3]], (1, (2, 3)))
-    assert values_match({"a": [1.0000000001]}, {"a": [1]}) and values_match(None, None)
+    assert values_match({"a": [1.0000000001]}, {"a": [1.0]}) and values_match(None, None)
     assert not values_match(1, True) and not values_match(True, 1) and not values_match(1.001, 1)
     assert not values_match([1, 2], [1, 2, 3]) and not values_match({"a": 1}, {"b": 1})
     assert not values_match("1", 1) and not values_match(10**400, 10**400 + 1) and values_match(10**400, 10**400)
@@ -439,12 +441,15 @@ def test_humaneval_rows_map_and_grade(new_sandbox):
     assert not first.cases and script.argv[0] == "python3"
     assert "def check(candidate)" in next(iter(script.files.values()))
     assert first.solution_files["solution.py"].startswith("def count_vowels")
-    for task in tasks:  # Demo/1's test calls shift(), a helper the prompt defines: the namespace is shared
+    for task in tasks:  # Demo/1's test calls shift(), a helper the prompt defines: a proxy to the solution's
         assert grade_reference(task, new_sandbox).all_passed, task.task_id
     wrong = _grade_files(first, {"solution.py": "def count_vowels(text):\n    return len(text)\n"}, new_sandbox)
     assert wrong.passed == 0 and "AssertionError" in wrong.tests[0].detail
     quitter = _grade_files(first, {"solution.py": "import sys\nprint('0' * 32)\nsys.exit(0)\n"}, new_sandbox)
-    assert quitter.passed == 0 and quitter.tests[0].detail.startswith("exited 0 without printing the pass token")
+    assert quitter.passed == 0 and quitter.tests[0].detail == "exit 1: importing solution.py raised SystemExit: 0"
+    quitter = _grade_files(first, {"solution.py": "import sys\ndef count_vowels(t):\n    sys.exit(0)\n"}, new_sandbox)
+    assert quitter.passed == 0
+    assert quitter.tests[0].detail == "exit 1: the solution failed a call: count_vowels() raised SystemExit: 0"
     missing = _grade_files(first, {}, new_sandbox)
     assert missing.tests[0].detail == "exit 1: solution.py not found in the workspace"
 
@@ -559,3 +564,128 @@ def test_malformed_task_folders_name_file_and_field(tmp_path):
         load_harbor_tasks(tmp_path / "nothing")
     old = _write(tmp_path / "old-tb", {"task.yaml": "descriptions:\n  - key: base\n    description: Old style.\n"})
     assert load_harbor_task(old).instruction.startswith("Old style.")
+
+
+# ---- reward holes a review found (issue 43): each test below fails on the grader before the fix -------------------
+
+# A user site planted in the workspace: under HOME=/workspace it would run first in every Python of the grading call.
+_USER_SITES = [f".local/lib/python3.{minor}/site-packages/usercustomize.py" for minor in range(8, 15)]
+
+
+def _jsonl_task(tmp_path: Path, row: dict) -> CodeTask:
+    path = tmp_path / "row.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (task,) = load_jsonl_tasks(path)
+    return task
+
+
+def test_planted_user_site_does_not_run_in_grading(new_sandbox):
+    # A Harbor test's Python (tests/check_count.py) that exits 0 at start-up would let test.sh write reward 1.
+    count = load_harbor_task(DATA / "harbor" / "count-errors")
+    hijack = "import os, sys\nif sys.argv[0].endswith('check_count.py'):\n    os._exit(0)\n"
+    report = _grade_files(count, {path: hijack for path in _USER_SITES}, new_sandbox)
+    assert report.passed == 0 and "reward 0.0 from reward.txt" in report.tests[0].detail, report.summary()
+    first = load_jsonl_tasks(DATA / "humaneval_sample.jsonl")[0]
+    # Reads the nonce before the test program does, prints it, and ends the process: a forged pass.
+    steal = "import os, sys\nos.write(1, sys.stdin.buffer.readline())\nos._exit(0)\n"
+    planted = {path: steal for path in _USER_SITES}
+    report = _grade_files(first, {**planted, "solution.py": "def count_vowels(text):\n    return 0\n"}, new_sandbox)
+    assert report.passed == 0 and "AssertionError" in report.tests[0].detail, report.summary()
+
+
+def test_solution_cannot_forge_the_nonce_of_a_script_test(new_sandbox):
+    first = load_jsonl_tasks(DATA / "humaneval_sample.jsonl")[0]
+    forgers = {  # the old test program's own names, then a generic walk of the process's objects
+        "at import": "import __main__\n__main__._agentrl_out.write(__main__._agentrl_nonce + '\\n')\n"
+                     "__main__._agentrl_out.flush()\nimport os\nos._exit(0)\n",
+        "in the call": "import __main__, os\ndef count_vowels(text):\n"
+                       "    out = getattr(__main__, '_agentrl_out', None) or open(os.dup(3), 'w')\n"
+                       "    out.write(getattr(__main__, '_agentrl_nonce', '') + '\\n'); out.flush()\n    os._exit(0)\n",
+        "from the stack": "import gc, os, re, sys\ndef count_vowels(text):\n"
+                          "    seen = [o for o in gc.get_objects() if isinstance(o, dict)]\n"
+                          "    for frame in [sys._getframe(i) for i in range(1, 4)]:\n"
+                          "        seen.append(frame.f_globals)\n"
+                          "    for d in seen:\n"
+                          "        for v in list(d.values()):\n"
+                          "            if isinstance(v, str) and re.fullmatch('[0-9a-f]{32}', v):\n"
+                          "                os.write(1, (v + '\\n').encode()); os.write(4, (v + '\\n').encode())\n"
+                          "    os._exit(0)\n",
+    }
+    for where, source in forgers.items():
+        report = _grade_files(first, {"solution.py": source}, new_sandbox)
+        assert report.passed == 0, (where, report.summary())
+
+
+def test_script_test_calls_go_through_literal_proxies(new_sandbox, tmp_path):
+    row = {"task_id": "Proxy/0", "entry_point": "half", "prompt": "def half(n):\n    '''n / 2, ValueError if odd'''\n",
+           "canonical_solution": "    if n % 2:\n        raise ValueError(n)\n    return n // 2\n",
+           "test": "def check(candidate):\n    assert candidate(4) == 2 and candidate(n=10) == 5\n"
+                   "    try:\n        candidate(3)\n    except ValueError:\n        pass\n    else:\n"
+                   "        assert False\n    try:\n        candidate(5)\n    except:\n        pass\n"}
+    task = _jsonl_task(tmp_path, row)
+    assert grade_reference(task, new_sandbox).all_passed
+    custom = "class Odd(ValueError):\n    pass\ndef half(n):\n    if n % 2:\n        raise Odd(n)\n    return n // 2\n"
+    assert _grade_files(task, {"solution.py": custom}, new_sandbox).all_passed  # caught as the built-in base
+    bad = {  # solution -> the test's detail; a bare `except:` in the test does not hide a failed call
+        "import os\ndef half(n):\n    if n == 5:\n        os._exit(0)\n    if n % 2:\n        raise ValueError(n)\n"
+        "    return n // 2\n":
+            "half() ended during half() (exit code 0)",
+        "def half(n):\n    return (x for x in [n // 2])\n": "half() returned a generator, not a literal",
+        "import os\ndef half(n):\n    for fd in range(3, 12):\n        try:\n            os.write(fd, b'value <\\n')\n"
+        "        except OSError:\n            pass\n    return n // 2\n": "not a literal in half() (SyntaxError)",
+        "def half(n):\n    while True:\n        pass\n": "half() timed out (over 4 s of CPU time)",
+    }
+    for source, detail in bad.items():
+        report = _grade_files(task, {"solution.py": source}, new_sandbox)
+        assert report.passed == 0, (source, report.summary())
+        assert report.tests[0].detail.startswith("exit 1: the solution failed a call: "), report.tests[0].detail
+        assert detail in report.tests[0].detail, report.tests[0].detail
+
+
+def test_int_expected_needs_an_exact_whole_number(new_sandbox):
+    assert not values_match(123456700.0, 123456789) and not values_match(2.0000001, 2) and not values_match(2.5, 2)
+    assert values_match(3.0, 3) and values_match(1e20, 10**20) and values_match([2.0, (3,)], [2, [3]])
+    assert values_match(3, 3.0) and values_match(3.0000001, 3.0)  # a float expected keeps its tolerance
+    task = CodeTask("test/int", "Write f().", "test", entry_point="f", cases=(IOCase((), 123456789),))
+    report = grade(task, files_tar({"solution.py": "def f():\n    return 123456700.0\n"}), new_sandbox())
+    assert report.tests[0].detail == "expected 123456789, got 123456700.0"
+
+
+def test_solution_that_rewrites_the_runner_output_cannot_crash_the_host(new_sandbox):
+    grab = "import sys\ndef _runner():\n    return sys._getframe(2)\n"
+    sources = {
+        "emit('start', 10**6)": grab + "def add(a, b):\n    if a == 5:  # the last case: its start is the last one\n"
+                                       "        _runner().f_locals['emit']('start', 10**6)\n    return a + b\n",
+        "nested json": grab + "def add(a, b):\n    if a == 2:\n        _runner().f_globals['json'].dumps = "
+                              "lambda value: '[' * 60000 + ']' * 60000\n    return a + b\n",
+    }
+    report = _grade_files(_ADD, {"solution.py": sources["emit('start', 10**6)"]}, new_sandbox)
+    assert report.total == 4 and report.passed == 4, report.summary()
+    report = _grade_files(_ADD, {"solution.py": sources["nested json"]}, new_sandbox)
+    assert [t.passed for t in report.tests] == [True, False, False, False], report.summary()
+    assert report.tests[1].detail == "its result line could not be read (RecursionError)"
+
+
+def test_case_time_is_cpu_time_not_wall_time(new_sandbox):
+    sleepy = "import time\ndef add(a, b):\n    time.sleep(1.0)\n    return a + b\n"
+    report = _grade_files(_ADD, {"solution.py": sleepy}, new_sandbox, case_timeout_s=0.5)
+    assert report.all_passed, report.summary()  # a loaded host (here: sleeping) does not fail a cheap case
+
+
+def test_task_file_timeouts_are_clamped(tmp_path):
+    from agentrl.envs.code.tasks.loaders import MAX_TEST_TIMEOUT_S
+
+    harbor = {"instruction.md": "Do it.\n", "task.toml": "[verifier]\ntimeout_sec = 86400\n",
+              "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n"}
+    assert load_harbor_task(_write(tmp_path / "h", harbor)).scripts[0].wall_s == MAX_TEST_TIMEOUT_S == 600.0
+    tb = _write(tmp_path / "tb", {"task.yaml": "instruction: x\nmax_test_timeout_sec: 36000.0\n"})
+    assert load_harbor_task(tb).scripts[0].wall_s == 600.0
+
+
+def test_default_terminal_bench_command_ignores_workspace_config(tmp_path):
+    task = load_harbor_task(_write(tmp_path / "tb", {"task.yaml": "instruction: x\n", "tests/test_outputs.py": "\n"}))
+    run_tests = task.scripts[0].files[".agentrl_grader/run-tests.sh"]
+    for option in ("python3 -I -m pytest", "-c /dev/null", '--rootdir "$TEST_DIR"', "-p no:cacheprovider",
+                   'cd "$TEST_DIR"'):
+        assert option in run_tests, option
+    assert all(test.argv[:3] == ("python3", "-I", "-B") for test in task.scripts)

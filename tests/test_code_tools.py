@@ -33,14 +33,14 @@ TOOL_FAMILIES = [n for n, f in FAMILIES.items() if f.max_tool_calls]
 
 @pytest.mark.parametrize("name,args", CALLS)
 def test_json_and_text_forms_parse_to_the_same_call(name, args):
-    want = ToolCall.make(name, **args)
+    want = ToolCall.make(name, args)
     assert parse_action(tool_call_json(name, **args)) == want
     assert parse_action(tool_call_text(name, **args)) == want
 
 
 def test_openai_wire_form_with_string_arguments():
     action = json.dumps({"name": "run_shell", "arguments": json.dumps({"command": "echo hi"})})
-    assert parse_action(action) == ToolCall.make("run_shell", command="echo hi")
+    assert parse_action(action) == ToolCall.make("run_shell", {"command": "echo hi"})
 
 
 @pytest.mark.parametrize("reply,needle", [
@@ -51,11 +51,25 @@ def test_openai_wire_form_with_string_arguments():
     ('{"name": "run_shell", "arguments": {"command": 3}}', "must be strings"),
     ('{"name": "run_shell", "arguments": "{not json"}', "not valid JSON"),
     ("write_file a.py\nno block here", "followed by the file's content"),
+    ('{"name": "run_shell", "arguments": {"command": "ls\\u0000"}}', "NUL"),
+    ('{"name": "read_file", "arguments": {"path": " "}}', "path is empty"),
     ("```ruby\nputs 1\n```", "neither Python nor shell"),
 ])
 def test_replies_that_are_no_call_say_what_to_write(reply, needle):
     with pytest.raises(ToolCallError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse_action(reply)
+
+
+def test_arguments_named_like_python_keywords_of_make_are_not_a_crash():
+    call = parse_action('{"name": "run_python", "arguments": {"code": "print(1)", "name": "x", "cls": "y"}}')
+    assert call == ToolCall.make("run_python", {"code": "print(1)"})
+
+
+def test_content_holding_a_fence_round_trips_in_the_text_form():
+    content = 'doc = """\n```python\nx = 1\n```\n"""\n'
+    text = tool_call_text("write_file", path="README.py", content=content)
+    assert text.startswith("write_file README.py\n````\n")
+    assert parse_action(text) == ToolCall.make("write_file", {"path": "README.py", "content": content})
 
 
 def test_prose_around_a_block_and_a_trailing_submit_line():
@@ -78,4 +92,4 @@ def test_every_tool_family_renders_the_tools_and_its_parser_reads_each_call_back
         text = f.write_reply(ctx.messages, "", "", [ParsedCall(name, dict(args))], tools=ctx.tools, **ctx.chat_kwargs)
         ids = qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]
         action = ctx.action_from_reply(ids)
-        assert parse_action(action) == ToolCall.make(name, **args), f"{family}: {name} did not round-trip"
+        assert parse_action(action) == ToolCall.make(name, args), f"{family}: {name} did not round-trip"

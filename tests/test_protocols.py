@@ -31,6 +31,7 @@ from agentrl.recipes.evaluate import EvalError, from_protocol
 # that, and pin the new hash here; keep the old one, which results on record name.
 PINNED = {
     "agentrl-alfworld-confirm-v1": "f3d2424a44792f3e2f80afbb2c08c0b84221c0690c38a08cab5130d5ea12e613",
+    "agentrl-code-v1": "58f219eeac2dd66afc68543040bd17fffc0a8b6c36acf3ff8fb18f10085cc432",
     "agentrl-gui-confirm-v1": "a16d9e86f69849b420eb47c4e3b9dde9fbe211e9c1e0af2c83af26f8388122f4",
     "agentrl-math-main-v1": "5939d92c553c31be8e8847aac4db06b2c6378cad2993b402c59b95df8757051a",
     "agentrl-webshop-confirm-v1": "ada1e10a890ff0c258d0b2c5a5219416dc31c7879df7f86022c2a7653f33ed2d",
@@ -77,6 +78,21 @@ def test_shipped_protocols_carry_the_papers_settings():
         assert "verl-agent" in json.dumps(protocol.provenance) and protocol.provenance["departures"]
     main = load_protocol("agentrl-math-main-v1")
     assert (main.env.id, main.env.split, main.tasks.seed_offset, main.tasks.count) == ("math", "test", 1_000_000, 64)
+
+
+def test_the_code_protocol_evaluates_what_the_code_recipes_train():
+    """agentrl-code-v1 plays the tasks, turns and token budget of configs/code-sft.yaml and code-rl.yaml, held out."""
+    import yaml
+
+    code = load_protocol("agentrl-code-v1")
+    for recipe in ("code-sft", "code-rl"):
+        config = yaml.safe_load((ROOT / "configs" / f"{recipe}.yaml").read_text())
+        assert (code.env.id, dict(code.env.kwargs)) == (config["env"]["id"], config["env"]["kwargs"]), recipe
+        assert code.env.max_turns == config["env"]["max_turns"] == code.env.kwargs["max_turns"], recipe
+        assert code.context.max_new_tokens == config["sampling"]["max_new_tokens"], recipe
+    # held out: the test split, and seeds past every seed the RL recipe trains on (20 steps x 4 tasks from 10,000)
+    assert (code.env.split, code.tasks.seed_offset, code.tasks.count) == ("test", 1_000_000, 64)
+    assert code.env_kwargs()["split"] == "test"
 
 
 def _copy(tmp_path, name, edit):

@@ -4,6 +4,7 @@ In the spirit of ``trl env`` and ``vllm collect-env``: versions of the packages 
 Ray, transformers, peft), the CPU's features (native bf16 above all: AVX512-BF16 or AMX, as /proc/cpuinfo lists them
 and as torch reports them), cores, memory, GPUs, the Chromium the GUI env drives, the container tools the image
 scripts use, which engine ``--engine auto`` picks for a model and why (`agentrl.engine.launch.choose_engine` itself),
+which sandbox the code env's ``backend="auto"`` gets here (the back-ends' own probes, as `make_backend` runs them),
 and whether the default model's package is installed.
 
 Every probe catches its own failure and reports it as a value: the report is most wanted on a broken install.
@@ -52,6 +53,7 @@ def collect(model: str | None = None) -> dict[str, Any]:
         "gpus": _gpus(),
         "chromium": _chromium(),
         "containers": {tool: _tool(tool) for tool in ("podman", "docker", "bwrap")},
+        "code_sandbox": _code_sandbox(),
         "engine": _engine(model),
         "trainer_compute": _trainer_compute(),
         "default_model": _default_model(RunConfig().model),
@@ -194,6 +196,43 @@ def _version_of(path: str) -> dict[str, Any]:
     return {"version": lines[-1] if lines else None}  # Debian's chromium wrapper prints shell noise first
 
 
+def _probe_backend(cls: Any) -> dict[str, Any]:
+    """One sandbox back-end's own probe: ``works`` True / False, or None when the probe itself failed."""
+    try:
+        reason = cls.unavailable_reason()
+    except Exception as e:  # a probe that breaks is reported, never raised: doctor is most wanted on broken hosts
+        return {"works": None, "reason": f"the probe failed: {type(e).__name__}: {e}"}
+    return {"works": reason is None, "reason": reason}
+
+
+def _code_sandbox() -> dict[str, Any]:
+    """Which back-end ``CodeEnv(backend="auto")`` gets on this machine and why, or why none and the fixes.
+
+    `make_backend("auto")` takes bubblewrap when its probe (one ``true`` run in a real sandbox, tens of milliseconds)
+    passes and otherwise refuses, never falling back to the unprotected subprocess back-end; podman is used only when
+    named. Both probes run here, each once per process; podman's starts one container when podman and its image are
+    present (under a second once podman's storage is set up).
+    """
+    try:
+        from agentrl.envs.code.sandbox import BwrapBackend, PodmanBackend
+    except Exception as e:  # a broken install of the code env: say so and go on
+        return {"auto": None, "why": f"cannot import the code env's sandboxes: {type(e).__name__}: {e}",
+                "bwrap": None, "podman": None}
+    bwrap, podman = _probe_backend(BwrapBackend), _probe_backend(PodmanBackend)
+    if podman["works"]:
+        podman_text = "podman works here too (backend='podman')"
+    else:
+        podman_text = f"podman: {podman['reason']}"
+    if bwrap["works"]:
+        return {"auto": "bwrap", "why": f"bubblewrap runs a sandbox here; {podman_text}", "bwrap": bwrap,
+                "podman": podman}
+    if podman["works"]:
+        podman_text = "podman works here: give backend='podman' (--env-arg backend=podman)"
+    why = (f"no sandbox for backend='auto': {bwrap['reason']}; {podman_text}; or, knowing that agent code then runs "
+           f"on this host unprotected, backend='subprocess' with unsafe_subprocess=True")
+    return {"auto": None, "why": why, "bwrap": bwrap, "podman": podman}
+
+
 class _ConfigOnly:
     """Stands in for a loaded model in `choose_engine`, which reads only ``model.config``; read when asked for.
 
@@ -292,6 +331,8 @@ def render(report: dict[str, Any]) -> str:
                                                         "apt-get install -y chromium)")))
     for tool, found in report["containers"].items():
         rows.append((tool, _where(found, "not found")))
+    s = report["code_sandbox"]
+    rows.append(("code sandbox", f"{s['auto'] or 'none'} for CodeEnv(backend='auto'): {s['why']}"))
     e = report["engine"]
     rows.append(("engine auto", f"{e['auto'] or '?'} for {e['model']}: {e['why']}"))
     d = report["default_model"]

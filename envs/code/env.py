@@ -38,8 +38,8 @@ import gymnasium as gym
 
 from agentrl.env import ClientSetting, SharedResource, TextEnv
 
-from .grading import TestReport, grade
-from .sandbox import Sandbox, SandboxError, SandboxLimits, SandboxPool, make_backend
+from .grading import TestOutcome, TestReport, grade
+from .sandbox import Sandbox, SandboxError, SandboxLimits, SandboxPool, WorkspaceTooLarge, make_backend
 from .tasks import FAMILIES, LEVELS, CodeTask, generate_task, load_harbor_tasks, load_jsonl_tasks
 from .tools import TOOLS, ToolCall, ToolCallError, parse_action, tool_call_json, tool_call_text
 
@@ -49,7 +49,7 @@ SPLITS = ("train", "test")
 REWARDS = ("fraction", "all_pass")
 EXPERT_FORMATS = ("tool_call", "text")
 BACKENDS = ("auto", "bwrap", "podman", "subprocess")
-_GRADE_LIMITS = {"wall_s": 60.0, "output_bytes": 1 << 20}  # grading reads JSON results back: more than a tool call
+_GRADE_WALL_S = 60.0  # grading runs every hidden test in one call or a few: more than a tool call
 
 
 class CodeTaskSet(SharedResource):
@@ -83,9 +83,9 @@ _POOLS: dict[tuple[Any, ...], SandboxPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _pool(backend: str, unsafe_subprocess: bool, limits: SandboxLimits, options: tuple[tuple[str, Any], ...]
-          ) -> SandboxPool:
-    key = (backend, unsafe_subprocess, limits, options, os.getpid())
+def _pool(backend: str, unsafe_subprocess: bool, limits: SandboxLimits, options: Mapping[str, Any]) -> SandboxPool:
+    # Options are plain values from a config (an image name, sizes): their repr tells equal settings apart.
+    key = (backend, unsafe_subprocess, limits, repr(sorted(options.items())), os.getpid())
     with _POOLS_LOCK:
         if key not in _POOLS:
             made = make_backend(backend, unsafe_subprocess=unsafe_subprocess, **dict(options))
@@ -133,8 +133,8 @@ class CodeEnv(TextEnv):
 
     ``info`` on reset: ``tools`` (the declarations), ``task_type`` (the family), ``task_id``, ``difficulty``,
     ``n_tests``. On each step: ``tool`` (the call made, "" for an unparseable reply), ``exit_code``, ``timed_out``.
-    On the grading step: ``tests_passed``, ``tests_total``, ``test_details`` (name, passed, short detail per test;
-    no expected values) and ``success``.
+    On the grading step: ``tests_passed``, ``tests_total``, ``test_details`` (name, passed, short detail per test,
+    for logs: a detail may quote an expected value, so details never go into an observation) and ``success``.
 
     Args:
         source: ``"procedural"``, a ``.jsonl`` file, or a folder of task folders (see above).
@@ -201,10 +201,14 @@ class CodeEnv(TextEnv):
         self.max_turns = self.max_episode_steps = max_turns
         self.reward_mode, self.observation_chars, self.expert_format = reward, observation_chars, expert_format
         self.limits = _limits(limits)
-        self.grade_limits = replace(self.limits, **{k: max(v, getattr(self.limits, k)) for k, v in
-                                                    _GRADE_LIMITS.items()})
-        options = tuple(sorted((backend_options or {}).items()))
-        self._pool = _pool(backend, bool(unsafe_subprocess), self.limits, options)
+        # Grading reads the whole workspace back as a tar (headers and padding on top of the files' bytes), and the
+        # tests' results: room for a full workspace, never the cause of a failed grade.
+        self.grade_limits = replace(self.limits, wall_s=max(self.limits.wall_s, _GRADE_WALL_S),
+                                    output_bytes=max(self.limits.output_bytes, 2 * self.limits.workspace_bytes + 2**20))
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise ValueError(f"CodeEnv backend_options must be a mapping of the back-end's keyword arguments, got "
+                             f"{type(backend_options).__name__}")
+        self._pool = _pool(backend, bool(unsafe_subprocess), self.limits, dict(backend_options or {}))
         self.backend = self._pool.backend.name
         if self.source == "procedural":
             self._task_set = None
@@ -240,6 +244,9 @@ class CodeEnv(TextEnv):
         self._sandbox = self._pool.acquire()
         for path, text in task.files.items():
             result = self._sandbox.write_file(path, text.encode())
+            if result.workspace_overflow:
+                raise ValueError(f"task {task.task_id}: its files are larger than the workspace limit "
+                                 f"({self.limits.workspace_bytes} bytes); raise limits.workspace_bytes")
             if not result.ok:
                 raise SandboxError(f"could not write the task file {path!r} into the sandbox: {result.text('stderr')}")
         self._expert_plan = self._plan(task)
@@ -283,7 +290,7 @@ class CodeEnv(TextEnv):
         else:  # read_file
             result = sandbox.read_file(args["path"])
         info["exit_code"], info["timed_out"] = result.exit_code, result.timed_out
-        if call.name == "write_file" and result.ok:
+        if call.name == "write_file" and result.ok and not result.workspace_overflow:
             return f"Wrote {len(args['content'])} characters to {args['path']}."
         if call.name == "read_file" and result.ok:
             text = result.text()
@@ -325,7 +332,11 @@ class CodeEnv(TextEnv):
     def grade_workspace(self) -> TestReport:
         """Grade the current workspace with the hidden tests, in a fresh sandbox (the episode goes on)."""
         assert self._sandbox is not None and self._task is not None
-        tar = self._sandbox.export_tree(self.grade_limits)
+        try:
+            tar = self._sandbox.export_tree(self.grade_limits)
+        except WorkspaceTooLarge as e:  # the agent's doing (a workspace of many tiny files): a failed grade
+            detail = f"the workspace is too large to grade ({e})"
+            return TestReport(tuple(TestOutcome(f"test {i + 1}", False, detail) for i in range(self._task.n_tests)))
         fresh = self._pool.acquire()
         try:
             return grade(self._task, tar, fresh, limits=self.grade_limits)

@@ -4,23 +4,38 @@
 
 How the two kinds of hidden test (`envs/code/tasks/record.py`) are run:
 
-* `IOCase`: the grader writes a small runner under ``.agentrl_grader/`` in the workspace and runs it once with every
-  case's arguments (JSON) on stdin. The runner imports ``solution.py``, calls the entry point on each case under a
-  per-case time bound (``signal.setitimer`` for Python code, an RLIMIT_CPU soft limit for C code that never returns
-  to the interpreter) and prints the JSON of each returned value, or the exception, on a line tagged with a random
-  token. While the solution runs, its own stdout (and its children's) goes to stderr, so nothing it prints lands
-  among the results. The HOST compares the values with the expected ones, which never enter the sandbox: no code in
-  the workspace can pass a case without computing its answer. Floats match to 1e-6 relative (1e-9 absolute), ints
-  and floats compare as numbers, tuples and lists are equal when their items are, bools match only bools.
+Nothing the grader runs lives in the workspace, and nothing in the workspace configures it. Every grading call
+unpacks its own programs and test files (a tar on stdin) into a private folder under the call's ``/tmp`` (a fresh
+tmpfs per call under bubblewrap, private to the sandbox under podman) and runs them from there with ``python3 -I``
+(no user site, no ``PYTHON*`` variables, neither the workspace nor the script's folder on ``sys.path``), with
+``HOME=/tmp`` and ``PYTHONNOUSERSITE=1``: a ``usercustomize.py`` under the workspace's ``.local/``, a
+``sitecustomize.py``, ``conftest.py`` or ``pytest.ini`` left in the workspace is never read. Only the solution's own
+folder is put on ``sys.path``, explicitly, by the code that imports ``solution.py``.
+
+How the two kinds of hidden test (`envs/code/tasks/record.py`) are run:
+
+* `IOCase`: a small runner is started once with every case's arguments (JSON) on stdin. It imports ``solution.py``,
+  calls the entry point on each case under a per-case bound of CPU time (``ITIMER_PROF``, and an RLIMIT_CPU soft
+  limit for C code that never returns to the interpreter) with a generous wall-clock backstop (`CASE_WALL_FACTOR`
+  times as long, for a case that sleeps), and prints the JSON of each returned value, or the exception, on a line
+  tagged with a random token. CPU time, not wall time, decides a case, so a loaded host does not change rewards.
+  While the solution runs, its own stdout (and its children's) goes to stderr, so nothing it prints lands among the
+  results. The HOST compares the values with the expected ones, which never enter the sandbox: no code in the
+  workspace can pass a case without computing its answer. The host reads the runner's lines defensively (the solution
+  shares the runner's process and may write lines of its own): a line it cannot read, or an index out of range, fails
+  that case or is dropped, and never makes `grade` raise. See `values_match` for how values compare.
   A solution that kills the runner (``os._exit``, a C-level hang, a crash) fails the case it was on; the runner then
   restarts after that case, at most `MAX_RUNS` times in all, so one bad case does not sink the rest.
-* `ScriptTest`: its files are written into the workspace and its program is run with a fresh random nonce on stdin;
-  it passes when it exits 0 and prints the nonce. A test that stops early (``sys.exit(0)`` from solution code, a
-  crash, a timeout) never reaches the line that prints the nonce.
+* `ScriptTest`: its files are unpacked in the call's private folder, an `argv` item that names one of them is
+  replaced by its path there (``AGENTRL_TEST_DIR`` holds the folder), and the program runs in the workspace with a
+  fresh random nonce on stdin; it passes when it exits 0 and prints the nonce. A test that stops early (a crash, a
+  timeout) never reaches the line that prints the nonce. The loaders' HumanEval and MBPP test programs run the
+  solution in a child process and call it through proxies, so the process holding the nonce never runs solution
+  code (`envs/code/tasks/loaders.py`); a Harbor / terminal-bench test runs the agent's programs by nature.
 
-A missing or broken ``solution.py`` fails every case with a clear detail and never raises; only a sandbox that fails
-as infrastructure (`SandboxError`) raises. `grade_reference` plays the task's reference solution (the expert) and
-grades it the same way: every built-in task must score 1.0 there.
+A missing or broken ``solution.py`` fails every case with a clear detail and never raises; nothing the solution does
+makes `grade` raise: only a sandbox that fails as infrastructure (`SandboxError`) does. `grade_reference` plays the
+task's reference solution (the expert) and grades it the same way: every built-in task must score 1.0 there.
 """
 
 from __future__ import annotations
@@ -30,7 +45,7 @@ import json
 import math
 import secrets
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,12 +55,18 @@ from .sandbox.base import ExecResult, Sandbox, SandboxError, SandboxLimits
 from .tasks.record import SOLUTION_FILE, CodeTask, IOCase, ScriptTest
 
 __all__ = ["TestOutcome", "TestReport", "grade", "grade_reference", "values_match", "files_tar", "GRADER_DIR",
-           "CASE_TIMEOUT_S", "MAX_RUNS"]
+           "CASE_TIMEOUT_S", "CASE_WALL_FACTOR", "GRADING_ENV", "MAX_RUNS"]
 
 GRADER_DIR = ".agentrl_grader"
-"""The hidden folder the grader writes its runner and test files into (emptied first: the agent may have made it)."""
+"""The folder name the loaders key hidden test files under (`ScriptTest.files`). The grader unpacks those files in
+each call's private ``/tmp`` folder, never in the workspace, so a folder of that name the agent made is ignored."""
 CASE_TIMEOUT_S = 2.0
-"""Default seconds one `IOCase` may take (wall clock; CPU time gets one second more)."""
+"""Default CPU seconds one `IOCase` may take (the solution's import gets twice as long)."""
+CASE_WALL_FACTOR = 4.0
+"""A case's wall-clock backstop is this many times its CPU bound, plus one second: only a case that sleeps or blocks
+reaches it, so host load does not decide a case."""
+GRADING_ENV = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1"}
+"""Variables every grading call gets: no home folder in the workspace, no user site-packages."""
 MAX_RUNS = 3
 """How many times the case runner is started for one grading at most (first run plus restarts after a kill)."""
 _DETAIL_CHARS = 200
@@ -93,7 +114,8 @@ class TestReport:
     def summary(self, max_failures: int = 3) -> str:
         """One line of counts, then the first `max_failures` failed tests with their details.
 
-        Meant for logs and for the agent's final observation.
+        For logs and developers only: details can hold hidden expected values (``expected 25, got 16``), so never show
+        it to the agent (the env's observation shows the counts alone).
         """
         lines = [f"{self.passed}/{self.total} hidden tests passed"]
         failed = [r for r in self.tests if not r.passed]
@@ -119,7 +141,7 @@ def grade(task: CodeTask, workspace_tar: bytes, sandbox: Sandbox, *, nonce_rng: 
             tests that need repeatable runs: a predictable nonce is one a hostile solution could print.
         limits: the base limits of every grading call (memory, processes, output); wall and CPU time are set per call
             from `case_timeout_s` and `ScriptTest.wall_s`. None uses `SandboxLimits()`.
-        case_timeout_s: seconds each `IOCase` may take.
+        case_timeout_s: CPU seconds each `IOCase` may take (wall-clock backstop: `CASE_WALL_FACTOR` times that, +1 s).
 
     Returns:
         A `TestReport` with one `TestOutcome` per hidden test, in the task's order.
@@ -130,15 +152,15 @@ def grade(task: CodeTask, workspace_tar: bytes, sandbox: Sandbox, *, nonce_rng: 
     base = limits or SandboxLimits()
     _checked(sandbox.import_tree(workspace_tar, limits=replace(base, wall_s=max(base.wall_s, 30.0))),
              "unpack the agent's workspace")
-    # The agent may have made the folder, even unreadable: take it back, then remove it.
-    cleared = sandbox.run(["sh", "-c", f"chmod -R u+rwx {GRADER_DIR} 2>/dev/null; rm -rf -- {GRADER_DIR}"],
-                          limits=base)
-    if not cleared.ok:
-        return _all_failed(task, f"could not clear {GRADER_DIR}/ in the workspace: {_how_it_ended(cleared)}")
     new_token = _token_maker(nonce_rng)
-    if task.cases:
-        return TestReport(_grade_cases(task, sandbox, base, case_timeout_s, new_token))
-    return TestReport(tuple(_run_script(test, sandbox, base, new_token()) for test in task.scripts))
+    try:
+        if task.cases:
+            return TestReport(_grade_cases(task, sandbox, base, case_timeout_s, new_token))
+        return TestReport(tuple(_run_script(test, sandbox, base, new_token()) for test in task.scripts))
+    except SandboxError:
+        raise
+    except Exception as error:  # a last guard: whatever the solution printed, grading reports it, never raises
+        return _all_failed(task, f"the grader could not read the test results ({type(error).__name__}: {error})")
 
 
 def grade_reference(task: CodeTask, sandbox_factory: Callable[[], Sandbox], *, limits: SandboxLimits | None = None,
@@ -190,20 +212,26 @@ def grade_reference(task: CodeTask, sandbox_factory: Callable[[], Sandbox], *, l
 def values_match(got: Any, expected: Any) -> bool:
     """Whether a returned JSON value counts as the expected one (the comparison the host makes for an `IOCase`).
 
-    Numbers compare as numbers (``3 == 3.0``) with floats to 1e-6 relative / 1e-9 absolute tolerance; bools match only
-    bools (``True`` is not ``1``); lists and tuples match item by item; dicts need the same keys.
+    An expected int needs an int equal to it, or a float that is a whole number equal to it exactly (``3.0`` for 3,
+    never ``123456700.0`` for 123456789). An expected float takes an int or float within 1e-6 relative / 1e-9
+    absolute. Bools match only bools (``True`` is not ``1``); lists and tuples match item by item; dicts need the same
+    keys.
 
     Examples:
-        >>> values_match([1, 2.0000000001], (1, 2))
+        >>> values_match([1, 2.0000000001], (1.0, 2.0))
         True
+        >>> values_match(123456700.0, 123456789)
+        False
         >>> values_match(1, True)
         False
     """
     if isinstance(expected, bool) or isinstance(got, bool):
         return isinstance(expected, bool) and isinstance(got, bool) and got == expected
-    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-        if isinstance(expected, int) and isinstance(got, int):
-            return got == expected
+    if isinstance(expected, int):
+        if isinstance(got, float):  # exact: a tolerance would let a rounded float stand in for a large int
+            return got.is_integer() and got == expected
+        return isinstance(got, int) and got == expected
+    if isinstance(expected, float) and isinstance(got, (int, float)):
         try:
             return math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
         except OverflowError:  # an int too large for a float: only an exact match counts
@@ -237,6 +265,53 @@ def files_tar(files: Mapping[str, str], *, executable: Callable[[str], bool] = l
 
 # ---- IOCases ------------------------------------------------------------------------------------------------------
 
+# ---- private runs: the grader's files in the call's own /tmp ------------------------------------------------------
+
+# Runs inside the sandbox as ``python3 -I -B -c _BOOTSTRAP ARGV_JSON`` (3.8 and later, standard library only). Its
+# stdin is "<tar length>\n", the tar of the call's files, then the program's own stdin. It is made non-dumpable
+# first: a process of the same uid (the solution's) can then read neither its memory nor its descriptors, which hold
+# the program's stdin (a test's nonce).
+_BOOTSTRAP = r'''
+import io, json, os, shutil, subprocess, sys, tarfile, tempfile
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
+size = int(sys.stdin.buffer.readline())
+blob = sys.stdin.buffer.read(size)
+rest = sys.stdin.buffer.read()
+folder = tempfile.mkdtemp(prefix="agentrl-grader-")
+try:
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        names = set(tar.getnames())
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(folder, filter="data")
+        else:
+            tar.extractall(folder)
+    argv = [os.path.join(folder, item) if item in names else item for item in json.loads(sys.argv[1])]
+    env = dict(os.environ, AGENTRL_TEST_DIR=folder)
+    try:
+        code = subprocess.run(argv, input=rest, env=env).returncode
+    except OSError as error:
+        sys.stderr.write("grader: cannot run " + repr(argv[0]) + ": " + str(error) + "\n")
+        code = 127
+finally:
+    shutil.rmtree(folder, ignore_errors=True)
+sys.exit(128 - code if code < 0 else code)
+'''
+
+
+def _run_private(sandbox: Sandbox, files: Mapping[str, str], argv: Sequence[str], stdin: bytes,
+                 limits: SandboxLimits) -> ExecResult:
+    """Run `argv` in the workspace with `files` unpacked in a private folder of the call's ``/tmp`` (one call)."""
+    tar = files_tar(files)
+    return sandbox.run(["python3", "-I", "-B", "-c", _BOOTSTRAP, json.dumps(list(argv))],
+                       stdin=b"%d\n" % len(tar) + tar + stdin, limits=limits, env=GRADING_ENV)
+
+
+# ---- IOCases ------------------------------------------------------------------------------------------------------
+
 # Runs inside the sandbox, under whatever python3 it has (3.8 and later): only the standard library, no f-strings
 # with `=`, no walrus. It reads one JSON request on stdin and writes tagged lines on the stdout it was started with.
 _CASE_RUNNER = r'''"""Hidden case runner (written by agentrl's grader): calls the solution's entry point per case."""
@@ -256,8 +331,13 @@ class _CaseTimeout(BaseException):
     pass
 
 
-def _on_alarm(signum, frame):
-    raise _CaseTimeout()
+def _on_timer(signum, frame):
+    raise _CaseTimeout("cpu" if signum == signal.SIGPROF else "wall")
+
+
+def _set_timers(cpu, wall):
+    signal.setitimer(signal.ITIMER_PROF, cpu)
+    signal.setitimer(signal.ITIMER_REAL, wall)
 
 
 def _describe(error):
@@ -271,7 +351,7 @@ def _describe(error):
 
 def main():
     request = json.loads(sys.stdin.read())
-    token, timeout = request["token"], float(request["timeout"])
+    token, timeout, wall = request["token"], float(request["timeout"]), float(request["wall"])
     out = os.fdopen(os.dup(1), "w")  # the results' own stdout; dup'd descriptors are not inherited by children
     os.dup2(2, 1)  # from here, whatever the solution prints (or its children print) goes to stderr
     sys.stdout = sys.stderr
@@ -281,22 +361,23 @@ def main():
         out.flush()
 
     workspace = os.getcwd()
-    sys.path[0] = workspace  # the solution may import its own helper modules
+    sys.path.insert(0, workspace)  # run with -I: the solution's folder is on the path only because we put it there
     path = os.path.join(workspace, request["solution"])
     if not os.path.isfile(path):
         emit("fatal", payload=request["solution"] + " not found in the workspace")
         return
-    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.signal(signal.SIGPROF, _on_timer)
+    signal.signal(signal.SIGALRM, _on_timer)
     emit("importing")
     try:
-        signal.setitimer(signal.ITIMER_REAL, 2 * timeout)
+        _set_timers(2 * timeout, 2 * wall)
         try:
             spec = importlib.util.spec_from_file_location("solution", path)
             module = importlib.util.module_from_spec(spec)
             sys.modules["solution"] = module
             spec.loader.exec_module(module)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _set_timers(0, 0)
     except _CaseTimeout:
         emit("fatal", payload="importing " + request["solution"] + " timed out")
         return
@@ -321,13 +402,13 @@ def main():
             except (ValueError, OSError):
                 pass
         try:
-            signal.setitimer(signal.ITIMER_REAL, timeout)
+            _set_timers(timeout, wall)
             try:
                 value = function(*args)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _CaseTimeout:
-            emit("timeout", index)
+                _set_timers(0, 0)
+        except _CaseTimeout as stop:
+            emit("timeout", index, str(stop))
             continue
         except BaseException as error:
             emit("raised", index, _describe(error))
@@ -347,7 +428,7 @@ def main():
 main()
 '''
 
-_RUNNER_PATH = f"{GRADER_DIR}/run_cases.py"
+_RUNNER_PATH = "run_cases.py"
 _MAX_VALUE_CHARS = 200_000
 
 
@@ -356,32 +437,33 @@ def _grade_cases(task: CodeTask, sandbox: Sandbox, base: SandboxLimits, case_tim
     cases = task.cases
     names = [_case_name(task.entry_point, i, case) for i, case in enumerate(cases)]
     outcomes: dict[int, TestOutcome] = {}
-    written = sandbox.run(["tar", "-xf", "-"], stdin=files_tar({_RUNNER_PATH: _CASE_RUNNER}), limits=base)
-    if not written.ok:
-        return _all_failed(task, f"could not write the case runner: {_how_it_ended(written)}").tests
+    case_wall_s = CASE_WALL_FACTOR * case_timeout_s + 1.0
     encoded = [json.dumps(list(case.args)) for case in cases]
     start = 0
     for _ in range(MAX_RUNS):
         if start >= len(cases):
             break
         token = new_token()
-        request = {"token": token, "timeout": case_timeout_s, "solution": SOLUTION_FILE,
+        request = {"token": token, "timeout": case_timeout_s, "wall": case_wall_s, "solution": SOLUTION_FILE,
                    "entry_point": task.entry_point, "cases": encoded, "start": start, "max_chars": _MAX_VALUE_CHARS}
         remaining = len(cases) - start
-        wall = 2 * case_timeout_s + remaining * (case_timeout_s + 0.5) + 5.0
-        call_limits = replace(base, wall_s=wall, cpu_s=math.ceil(wall) + 1,
+        # Only a solution that sleeps in every case gets near the wall limit; CPU time bounds the rest.
+        wall = 2 * case_wall_s + remaining * (case_wall_s + 0.5) + 5.0
+        call_limits = replace(base, wall_s=wall, cpu_s=math.ceil(2 * case_timeout_s + remaining * case_timeout_s) + 5,
                               output_bytes=max(base.output_bytes, remaining * (_MAX_VALUE_CHARS + 200)))
-        result = sandbox.run(["python3", _RUNNER_PATH], stdin=json.dumps(request).encode(), limits=call_limits)
-        lines = _tagged_lines(result, token)
+        result = _run_private(sandbox, {_RUNNER_PATH: _CASE_RUNNER}, ["python3", "-I", "-B", _RUNNER_PATH],
+                              json.dumps(request).encode(), call_limits)
+        lines = _tagged_lines(result, token, len(cases))
         fatal = next((payload for kind, _, payload in lines if kind == "fatal"), None)
         if fatal is not None:
             for i in range(start, len(cases)):
-                outcomes[i] = TestOutcome(names[i], False, _short(fatal))
+                outcomes[i] = TestOutcome(names[i], False, _short(str(fatal)))
             break
         last_started = -1
         for kind, index, payload in lines:
             if kind == "start":
-                last_started = index
+                if start <= index < len(cases):  # a line the solution wrote may name any index: keep the real ones
+                    last_started = index
             elif 0 <= index < len(cases) and index not in outcomes:
                 outcomes[index] = _case_outcome(names[index], cases[index], kind, payload, case_timeout_s)
         if last_started == -1:  # died before the first case: while importing the solution, or the runner broke
@@ -401,27 +483,51 @@ def _grade_cases(task: CodeTask, sandbox: Sandbox, base: SandboxLimits, case_tim
     return tuple(outcomes[i] for i in range(len(cases)))
 
 
-def _tagged_lines(result: ExecResult, token: str) -> list[tuple[str, int, Any]]:
-    """The runner's lines, parsed; lines without the token (none should exist) and broken ones are dropped."""
-    parsed = []
+def _tagged_lines(result: ExecResult, token: str, n_cases: int) -> list[tuple[str, int, Any]]:
+    """The runner's lines, parsed as ``(kind, index, payload)``.
+
+    Lines without the token and lines whose index is not a case's (or -1) are dropped. A line whose payload cannot be
+    read (cut at the output limit, or nested past the parser's depth by a solution that rewrote the runner's
+    ``json.dumps``) becomes kind ``unreadable`` for its case: any error here is the solution's doing and fails only
+    that case.
+    """
+    parsed: list[tuple[str, int, Any]] = []
     for line in result.stdout.decode("utf-8", "replace").splitlines():
         parts = line.split(" ", 3)
-        if len(parts) != 4 or parts[0] != token:
+        if len(parts) != 4 or parts[0] != token or len(parts[2]) > 12:
             continue
         try:
-            parsed.append((parts[1], int(parts[2]), json.loads(parts[3])))
-        except ValueError:  # cut at the output limit mid-line
+            index = int(parts[2])
+        except ValueError:
             continue
+        if not -1 <= index < n_cases:
+            continue
+        try:
+            parsed.append((parts[1], index, json.loads(parts[3])))
+        except Exception as error:  # noqa: BLE001 - RecursionError, MemoryError, ValueError: all the solution's doing
+            parsed.append(("unreadable", index, type(error).__name__))
     return parsed
 
 
 def _case_outcome(name: str, case: IOCase, kind: str, payload: Any, case_timeout_s: float) -> TestOutcome:
+    try:
+        return _compared(name, case, kind, payload, case_timeout_s)
+    except Exception as error:  # noqa: BLE001 - a value nested too deep to compare or show is a failed case
+        return TestOutcome(name, False, f"returned a value that could not be compared ({type(error).__name__})")
+
+
+def _compared(name: str, case: IOCase, kind: str, payload: Any, case_timeout_s: float) -> TestOutcome:
     if kind == "value":
         if values_match(payload, case.expected):
             return TestOutcome(name, True)
         return TestOutcome(name, False, f"expected {_show(case.expected)}, got {_show(payload)}")
     if kind == "timeout":
-        return TestOutcome(name, False, f"timed out (over {case_timeout_s:g} s)")
+        if payload == "wall":
+            return TestOutcome(name, False, f"timed out (over {CASE_WALL_FACTOR * case_timeout_s + 1:g} s of wall "
+                                            f"clock; it sleeps or blocks)")
+        return TestOutcome(name, False, f"timed out (over {case_timeout_s:g} s of CPU time)")
+    if kind == "unreadable":
+        return TestOutcome(name, False, _short(f"its result line could not be read ({payload})"))
     if kind == "raised":
         return TestOutcome(name, False, _short(f"raised {payload}"))
     if kind == "unserializable":
@@ -457,12 +563,8 @@ def _case_name(entry_point: str, index: int, case: IOCase) -> str:
 
 
 def _run_script(test: ScriptTest, sandbox: Sandbox, base: SandboxLimits, nonce: str) -> TestOutcome:
-    if test.files:
-        written = sandbox.run(["tar", "-xf", "-"], stdin=files_tar(test.files), limits=base)
-        if not written.ok:
-            return TestOutcome(test.name, False, _short(f"could not write the test's files: {_how_it_ended(written)}"))
     call_limits = replace(base, wall_s=test.wall_s, cpu_s=max(base.cpu_s, math.ceil(test.wall_s)))
-    result = sandbox.run(list(test.argv), stdin=(nonce + "\n").encode(), limits=call_limits)
+    result = _run_private(sandbox, test.files, test.argv, (nonce + "\n").encode(), call_limits)
     if result.exit_code == 0 and not result.timed_out and nonce in result.text():
         return TestOutcome(test.name, True)
     if result.timed_out:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -79,8 +80,9 @@ class ToolCall:
     arguments: MappingProxyType
 
     @classmethod
-    def make(cls, name: str, **arguments: str) -> ToolCall:
-        """A call whose arguments are checked against the tool's declaration."""
+    def make(cls, name: str, arguments: Mapping[str, Any] | None = None) -> ToolCall:
+        """A call whose arguments are checked against the tool's declaration (unknown arguments are dropped)."""
+        arguments = dict(arguments or {})
         if name not in TOOL_NAMES:
             raise ToolCallError(f"unknown tool {name[:40]!r}. {ACTION_HELP}")
         missing = [a for a in _ARGS[name] if a not in arguments]
@@ -89,10 +91,15 @@ class ToolCall:
         bad = [a for a in _ARGS[name] if not isinstance(arguments[a], str)]
         if bad:
             raise ToolCallError(f"{name}: argument(s) {', '.join(bad)} must be strings")
+        if any("\x00" in arguments[a] for a in _ARGS[name]):
+            raise ToolCallError(f"{name}: arguments cannot contain NUL characters")
+        if "path" in _ARGS[name] and not arguments["path"].strip():
+            raise ToolCallError(f"{name}: path is empty; give a path relative to the workspace, e.g. solution.py")
         return cls(name, MappingProxyType({k: v for k, v in arguments.items() if k in _ARGS[name]}))
 
 
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# A fence of three or more backticks, closed by the same number: content holding ``` is written with a longer one.
+_FENCE = re.compile(r"(?P<fence>`{3,})(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<body>.*?)(?P=fence)(?!`)", re.DOTALL)
 _PATH_LINE = re.compile(r"^\s*(write_file|read_file)\s+[`'\"]?([^\s`'\"]+)[`'\"]?\s*$", re.MULTILINE)
 _PYTHON_LANGS = ("python", "py", "python3", "")
 _SHELL_LANGS = ("bash", "sh", "shell", "console")
@@ -116,7 +123,7 @@ def _from_json(text: str) -> ToolCall | None:
             raise ToolCallError(f"the arguments of {str(value['name'])[:40]!r} are not valid JSON ({e.msg})") from None
     if not isinstance(args, dict):
         raise ToolCallError(f"arguments must be an object of strings, got {type(args).__name__}")
-    return ToolCall.make(str(value["name"]), **{str(k): v for k, v in args.items()})
+    return ToolCall.make(str(value["name"]), {str(k): v for k, v in args.items()})
 
 
 def _from_text(text: str) -> ToolCall | None:
@@ -126,16 +133,17 @@ def _from_text(text: str) -> ToolCall | None:
         after = _FENCE.search(text, path_line.end())
         if after is None:
             raise ToolCallError("write_file PATH must be followed by the file's content in a ``` block")
-        return ToolCall.make("write_file", path=path_line.group(2), content=after.group(2))
+        return ToolCall.make("write_file", {"path": path_line.group(2), "content": after.group("body")})
     if path_line and path_line.group(1) == "read_file" and (fence is None or path_line.start() < fence.start()):
-        return ToolCall.make("read_file", path=path_line.group(2))
+        return ToolCall.make("read_file", {"path": path_line.group(2)})
     if fence is not None:
-        lang = fence.group(1).lower()
-        body = fence.group(2)[:-1] if fence.group(2).endswith("\n") else fence.group(2)  # the fence's own newline
+        lang = fence.group("lang").lower()
+        body = fence.group("body")
+        body = body[:-1] if body.endswith("\n") else body  # the newline before the closing fence is the fence's
         if lang in _PYTHON_LANGS:
-            return ToolCall.make("run_python", code=body)
+            return ToolCall.make("run_python", {"code": body})
         if lang in _SHELL_LANGS:
-            return ToolCall.make("run_shell", command=body)
+            return ToolCall.make("run_shell", {"command": body})
         raise ToolCallError(f"a ```{lang[:20]} block is neither Python nor shell. {ACTION_HELP}")
     if re.fullmatch(r"\s*(submit(\(\))?\.?)\s*", text, flags=re.IGNORECASE) or re.search(
             r"^\s*submit(\(\))?\s*$", text, flags=re.MULTILINE):
@@ -167,15 +175,25 @@ def tool_call_json(name: str, **arguments: str) -> str:
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
+def _fence_for(text: str) -> str:
+    """Three backticks, or one more than the longest run of backticks in `text`."""
+    runs = [len(m) for m in re.findall(r"`{3,}", text)]
+    return "`" * (max(runs) + 1 if runs else 3)
+
+
 def tool_call_text(name: str, **arguments: str) -> str:
     """A call in the plain-text form (for templates without tools, and for people)."""
     if name == "run_python":
-        return f"```python\n{arguments['code']}\n```"
+        fence = _fence_for(arguments["code"])
+        return f"{fence}python\n{arguments['code']}\n{fence}"
     if name == "run_shell":
-        return f"```bash\n{arguments['command']}\n```"
+        fence = _fence_for(arguments["command"])
+        return f"{fence}bash\n{arguments['command']}\n{fence}"
     if name == "write_file":  # a file's content keeps its last newline, and gets one if it had none
         content = arguments["content"]
-        return f"write_file {arguments['path']}\n```\n{content}{'' if content.endswith(chr(10)) else chr(10)}```"
+        fence = _fence_for(content)
+        ending = "" if content.endswith("\n") else "\n"
+        return f"write_file {arguments['path']}\n{fence}\n{content}{ending}{fence}"
     if name == "read_file":
         return f"read_file {arguments['path']}"
     if name == "submit":

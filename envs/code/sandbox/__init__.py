@@ -9,14 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import WORKDIR, ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxLimits, SandboxUnavailable
+from .base import (
+    WORKDIR,
+    ExecResult,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxLimits,
+    SandboxUnavailable,
+    WorkspaceTooLarge,
+)
 from .bwrap import BwrapBackend
 from .pool import BACKENDS, PoolStats, SandboxPool, make_backend
 from .subprocess_backend import SubprocessBackend
 
 __all__ = ["WORKDIR", "ExecResult", "Sandbox", "SandboxBackend", "SandboxError", "SandboxLimits",
-           "SandboxUnavailable", "BwrapBackend", "SubprocessBackend", "PodmanBackend", "SandboxPool", "PoolStats",
-           "BACKENDS", "make_backend"]
+           "SandboxUnavailable", "WorkspaceTooLarge", "BwrapBackend", "SubprocessBackend", "PodmanBackend",
+           "SandboxPool", "PoolStats", "BACKENDS", "make_backend"]
 
 
 def __getattr__(name: str) -> Any:

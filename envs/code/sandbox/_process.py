@@ -7,6 +7,11 @@ memory), and kills the group at the deadline. A pidfd says the moment the group'
 killed too, so background children that stayed in it cannot hold the pipes open, and whatever escaped the group
 (``setsid``) gets a short grace before its pipes are abandoned rather than waited for.
 
+A caller may also pass a `watch`: a check run every `watch_every_s` while the command runs (the back-ends measure the
+workspace with it). When it answers True the group is killed as at the deadline and the outcome says `stopped`. A
+check that takes long is run less often (the pause after it is at least twice its own time), so a large tree costs
+at most about a third of a core however often it was asked for.
+
 The leader is reaped only after the group is killed: until then its pid (which is the group id) cannot be reused,
 so the kill cannot hit an unrelated process group.
 """
@@ -18,7 +23,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .base import SandboxError
@@ -47,6 +52,8 @@ class ProcessOutcome:
     seconds: float
     timed_out: bool
     truncated: bool
+    stopped: bool = False
+    """The `watch` of `run_bounded` asked for a stop and the group was killed (`returncode` is then None)."""
 
 
 def kill_group(pgid: int) -> None:
@@ -58,8 +65,8 @@ def kill_group(pgid: int) -> None:
 
 
 def run_bounded(cmd: Sequence[str], *, stdin: bytes, wall_s: float, output_bytes: int,
-                env: Mapping[str, str], cwd: str | None = None, side_pipe: tuple[int, int] | None = None
-                ) -> ProcessOutcome:
+                env: Mapping[str, str], cwd: str | None = None, side_pipe: tuple[int, int] | None = None,
+                watch: Callable[[], bool] | None = None, watch_every_s: float = 0.075) -> ProcessOutcome:
     """Run `cmd` with `stdin`, keep `output_bytes` of stdout and of stderr, kill its group at `wall_s`.
 
     Args:
@@ -72,6 +79,8 @@ def run_bounded(cmd: Sequence[str], *, stdin: bytes, wall_s: float, output_bytes
         side_pipe: ``(read_fd, write_fd)`` of a pipe made by the caller: the write end is handed to the command at
             the same number (the caller put that number in `cmd`) and closed here; the read end is read like
             stdout and closed here.
+        watch: called about every `watch_every_s` seconds while the command runs; True kills the group.
+        watch_every_s: the shortest pause between two `watch` calls.
 
     Raises:
         SandboxError: the command could not be started at all.
@@ -89,14 +98,15 @@ def run_bounded(cmd: Sequence[str], *, stdin: bytes, wall_s: float, output_bytes
     if side_pipe:
         os.close(side_pipe[1])
     try:
-        return _drive(proc, start, stdin, wall_s, output_bytes, side_pipe[0] if side_pipe else None)
+        return _drive(proc, start, stdin, wall_s, output_bytes, side_pipe[0] if side_pipe else None, watch,
+                      watch_every_s)
     finally:
         if side_pipe:
             os.close(side_pipe[0])
 
 
 def _drive(proc: subprocess.Popen, start: float, stdin: bytes, wall_s: float, output_bytes: int,
-           side_fd: int | None) -> ProcessOutcome:
+           side_fd: int | None, watch: Callable[[], bool] | None, watch_every_s: float) -> ProcessOutcome:
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
     kept = {out_fd: bytearray(), err_fd: bytearray()}
@@ -104,8 +114,9 @@ def _drive(proc: subprocess.Popen, start: float, stdin: bytes, wall_s: float, ou
     if side_fd is not None:
         kept[side_fd] = bytearray()
         room[side_fd] = _SIDE_BYTES
-    truncated = timed_out = exited = False
+    truncated = timed_out = stopped = exited = False
     stop_at = start + wall_s  # the deadline; after a kill or the leader's exit, the end of the grace
+    watch_at = start + watch_every_s if watch is not None else float("inf")
 
     sel = selectors.DefaultSelector()
     for fd in kept:
@@ -126,13 +137,25 @@ def _drive(proc: subprocess.Popen, start: float, stdin: bytes, wall_s: float, ou
         while open_reads or not exited:
             now = time.monotonic()
             if now >= stop_at:
-                if exited or timed_out:
+                if exited or timed_out or stopped:
                     break  # grace over: abandon pipes still held by escaped or dying writers
                 timed_out = True
                 kill_group(proc.pid)
                 stop_at = now + _KILL_GRACE_S
                 continue
+            if now >= watch_at:
+                if exited or timed_out or watch is None:
+                    watch_at = float("inf")  # nothing of the command is left to stop
+                elif watch():
+                    stopped = True
+                    kill_group(proc.pid)
+                    stop_at = time.monotonic() + _KILL_GRACE_S
+                    watch_at = float("inf")
+                    continue
+                else:
+                    watch_at = time.monotonic() + max(watch_every_s, 2 * (time.monotonic() - now))
             timeout = stop_at - now if pidfd is not None or exited else min(stop_at - now, 0.02)
+            timeout = max(min(timeout, watch_at - now), 0.0)
             for key, _ in sel.select(timeout):
                 fd = key.fd
                 if fd == pidfd:
@@ -175,9 +198,9 @@ def _drive(proc: subprocess.Popen, start: float, stdin: bytes, wall_s: float, ou
             pass
         proc.stdout.close()
         proc.stderr.close()
-    return ProcessOutcome(returncode=None if timed_out else proc.returncode, stdout=bytes(kept[out_fd]),
+    return ProcessOutcome(returncode=None if timed_out or stopped else proc.returncode, stdout=bytes(kept[out_fd]),
                           stderr=bytes(kept[err_fd]), side=bytes(kept[side_fd]) if side_fd is not None else b"",
-                          seconds=time.monotonic() - start, timed_out=timed_out, truncated=truncated)
+                          seconds=time.monotonic() - start, timed_out=timed_out, truncated=truncated, stopped=stopped)
 
 
 def _feed(fd: int, pending: memoryview) -> memoryview:

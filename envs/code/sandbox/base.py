@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 __all__ = ["SandboxLimits", "ExecResult", "Sandbox", "SandboxBackend", "SandboxError", "SandboxUnavailable",
-           "WORKDIR"]
+           "WorkspaceTooLarge", "WORKDIR"]
 
 WORKDIR = "/workspace"
 """Where the workspace appears inside a sandbox, and the working directory of every call."""
@@ -35,6 +35,10 @@ class SandboxError(RuntimeError):
 
     An env error, never a wrong answer. The message says what failed and how to fix it.
     """
+
+
+class WorkspaceTooLarge(SandboxError):
+    """`Sandbox.export_tree` could not fit the workspace in the output room given: the agent's doing, not a failure."""
 
 
 class SandboxUnavailable(SandboxError):
@@ -130,10 +134,13 @@ class Sandbox(ABC):
     def export_tree(self, limits: SandboxLimits | None = None) -> bytes:
         """The whole workspace as an uncompressed tar (symlinks kept as links), for grading in a fresh sandbox.
 
-        Raises `SandboxError` when the tar could not be made whole (over the output limit given).
+        Raises `WorkspaceTooLarge` when the tar is over the output limit given, `SandboxError` when tar failed.
         """
         result = self.run(["tar", "-C", WORKDIR, "-cf", "-", "."], limits=limits)
-        if not result.ok or result.output_truncated:
+        if result.output_truncated:
+            raise WorkspaceTooLarge(f"the workspace is larger than {(limits or SandboxLimits()).output_bytes} bytes as "
+                                    f"a tar")
+        if not result.ok:
             raise SandboxError(f"could not export the workspace (exit {result.exit_code}, "
                                f"truncated={result.output_truncated}): {result.text('stderr')[-300:]}")
         return result.stdout

@@ -27,9 +27,26 @@ share the per-user kernel quotas (pending signals, message queues, inotify insta
 could exhaust to starve the others, and, should one ever get out of its mount namespace, the others' workspace
 folders (mode 0700, each owned by its own uid) stay closed to it. Not root: bubblewrap runs as our own uid.
 
-What it does not bound (no cgroups without privileges): memory is RLIMIT_AS per process, so a call may hold up to
-``memory_mb * max_processes``; disk is checked after each call (`SandboxLimits.workspace_bytes`, then emptied), so
-within one call only `SandboxLimits.file_bytes` per file and the wall limit bound what it writes. A bubblewrap
+Memory and processes per call: as root with writable memory and pids cgroup controllers (v1, as on the development
+machine, or a delegated v2), each call runs in a cgroup of its own whose memory limit is `SandboxLimits.memory_mb`
+and whose pids limit is `SandboxLimits.max_processes` (plus ours), removed after the call
+(`envs.code.sandbox._cgroups`). Elsewhere only the rlimits bound them: RLIMIT_AS per process, so a call may hold up
+to ``memory_mb * max_processes``. `BwrapBackend.resource_control` says which applies.
+
+Disk: a watchdog measures the workspace from the host every 75 ms during a call (an lstat walk that never follows
+a link) and kills the call once it passes `SandboxLimits.workspace_bytes` (`ExecResult.workspace_overflow`, the
+workspace emptied, as the check after each call does). A call can still overshoot by its write rate times the pause
+between two walks (some 50-100 MB at this machine's 600 MB/s; see `envs.code.sandbox._workspace`), so the back-end
+refuses to start, or to make a sandbox, where the temporary folder's disk has less than 4 workspaces free.
+
+Leftovers: the back-end's temporary folder is named after its owner (``agentrl-bwrap-<pid>-<start time>-...``).
+Closing the back-end, dropping it, or the interpreter's exit (also after a SIGTERM that the runner turns into an
+exception, as ``agentrl run`` does) removes it; a runner killed outright (SIGKILL, or SIGTERM at its default) cannot,
+and the next `BwrapBackend` to start on the machine removes the folders (and cgroups) of owners that are gone.
+Library code installs no signal handler for this.
+
+Not done: no seccomp filter (every system call the namespaces allow is allowed: the kernel's attack surface is the
+host's), and ``/usr/local`` is visible read-only with the rest of ``/usr`` (keep secrets out of it). A bubblewrap
 without ``--disable-userns`` or ``--size`` (both in 0.8; Ubuntu 22.04 ships 0.6) runs without them: nested user
 namespaces are then allowed and ``/tmp`` is unsized.
 """
@@ -48,8 +65,17 @@ import weakref
 from collections.abc import Mapping, Sequence
 
 from ._calls import check_argv, check_env, check_limits, check_stdin, rlimits
+from ._cgroups import CallCgroups
+from ._owners import owner_tag
 from ._process import run_bounded
-from ._workspace import empty_folder, remove_folder, remove_own_folder, workspace_exceeds
+from ._workspace import (
+    empty_folder,
+    reap_dead_roots,
+    remove_folder,
+    remove_own_folder,
+    require_free_space,
+    workspace_exceeds,
+)
 from .base import WORKDIR, ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxLimits
 
 __all__ = ["BwrapBackend", "BwrapSandbox"]
@@ -99,6 +125,9 @@ its descriptors out of the command's reach; Python ignores SIGPIPE and SIGXFSZ, 
 the command gets their defaults back."""
 
 _STATUS = re.compile(rb"^S(?:E(\d+))?$")
+_ROOT_PREFIX = "agentrl-bwrap-"
+_HOST_PROCESSES = 1
+"""The call's host process (bubblewrap's outer half), counted by its cgroup's pids limit besides the namespace's."""
 
 # ---- one uid per live sandbox (root only) --------------------------------------------------------------------------
 
@@ -183,12 +212,20 @@ class BwrapSandbox(Sandbox):
         extra = check_env(env)
         stdin = check_stdin(stdin)
         self._own_folder()
-        read_fd, write_fd = os.pipe()
-        cmd = self._owner.command(self._folder, self._uid, limits, write_fd, extra, argv)
-        outcome = run_bounded(cmd, stdin=stdin, wall_s=limits.wall_s, output_bytes=limits.output_bytes,
-                              env={"PATH": _SYSTEM_PATH}, side_pipe=(read_fd, write_fd))
+        cgroups = self._owner.cgroups
+        cgroup = cgroups.make(limits.memory_mb * 1024 * 1024,
+                              limits.max_processes + _SUPERVISOR_PROCESSES + _HOST_PROCESSES)
+        try:
+            read_fd, write_fd = os.pipe()
+            cmd = [*cgroups.enter_command(cgroup),
+                   *self._owner.command(self._folder, self._uid, limits, write_fd, extra, argv)]
+            outcome = run_bounded(cmd, stdin=stdin, wall_s=limits.wall_s, output_bytes=limits.output_bytes,
+                                  env={"PATH": _SYSTEM_PATH}, side_pipe=(read_fd, write_fd),
+                                  watch=lambda: self._grew_past(limits.workspace_bytes))
+        finally:
+            cgroups.release(cgroup)
         status = _STATUS.match(outcome.side)
-        if outcome.timed_out:
+        if outcome.timed_out or outcome.stopped:
             code = None
         elif status is None:
             raise SandboxError(f"bubblewrap could not start the sandbox (exit {outcome.returncode}): "
@@ -199,7 +236,7 @@ class BwrapSandbox(Sandbox):
             # The command killed its supervisor (`kill -9 $PPID`, `kill -9 -1`): only bubblewrap's 128 + n is left.
             code = outcome.returncode
             code = 128 - code if code is not None and 128 < code < 128 + 65 else code
-        overflow = self._check_size(limits)
+        overflow = self._check_size(limits, stopped=outcome.stopped)
         return ExecResult(exit_code=code, stdout=outcome.stdout, stderr=outcome.stderr, seconds=outcome.seconds,
                           timed_out=outcome.timed_out, output_truncated=outcome.truncated, workspace_overflow=overflow)
 
@@ -226,8 +263,15 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"the sandbox's workspace folder {self._folder} is gone (removed from outside?); "
                                f"take a new sandbox") from exc
 
-    def _check_size(self, limits: SandboxLimits) -> bool:
-        if not workspace_exceeds(self._folder, limits.workspace_bytes):
+    def _grew_past(self, max_bytes: int) -> bool:
+        """The disk watchdog, run during a call: whether the workspace already holds more than `max_bytes`."""
+        try:
+            return workspace_exceeds(self._folder, max_bytes, live=True)
+        except OSError:
+            return False  # the root itself unreadable for a moment: the check after the call decides
+
+    def _check_size(self, limits: SandboxLimits, *, stopped: bool) -> bool:
+        if not stopped and not workspace_exceeds(self._folder, limits.workspace_bytes):
             return False
         empty_folder(self._folder)
         return True
@@ -260,14 +304,29 @@ class BwrapBackend(SandboxBackend):
         self._bwrap = shutil.which("bwrap", path=f"{_SYSTEM_PATH}:/usr/local/bin") or "bwrap"
         self._options = _known_options(self._bwrap)
         self._setpriv = shutil.which("setpriv", path=f"{_SYSTEM_PATH}:/usr/sbin:/sbin") or "setpriv"
-        self._root = tempfile.mkdtemp(prefix="agentrl-bwrap-")
+        temp = tempfile.gettempdir()
+        self.reaped = reap_dead_roots(temp, _ROOT_PREFIX)
+        """Temporary folders of runners that died without removing them, removed at this back-end's start."""
+        require_free_space(temp, SandboxLimits().workspace_bytes, self.name)
+        self._root = tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{owner_tag()}-", dir=temp)
         if self._root_user:
             # Sandbox uids must reach their own folder by name to bind it, but may not list the others.
             os.chmod(self._root, 0o711)
+        self.cgroups = CallCgroups(self.name)
+        """Makes each call's cgroup, where this process may (see `resource_control`)."""
         self._lock = threading.Lock()
         self._sandboxes: weakref.WeakSet[BwrapSandbox] = weakref.WeakSet()
         self._closed = False
-        self._finalizer = weakref.finalize(self, remove_own_folder, self._root, os.getpid())
+        self._finalizer = weakref.finalize(self, _retire, self._root, os.getpid(), self.cgroups)
+
+    @property
+    def resource_control(self) -> str:
+        """How a call's memory and processes are bounded, for the doctor and the logs.
+
+        ``cgroup v1 (memory, pids)``, ``cgroup v2 (memory, pids)``, or ``rlimits (why)`` (per process; see the module
+        docstring).
+        """
+        return self.cgroups.mode
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -277,6 +336,7 @@ class BwrapBackend(SandboxBackend):
     def create(self, limits: SandboxLimits) -> BwrapSandbox:
         """A new empty workspace (mode 0700, owned by the sandbox's uid): a folder made, no process started."""
         check_limits(limits)
+        require_free_space(self._root, limits.workspace_bytes, self.name)
         with self._lock:
             if self._closed:
                 raise SandboxError("this bwrap backend is closed: make a new one")
@@ -329,6 +389,16 @@ class BwrapBackend(SandboxBackend):
             "--", "/usr/bin/python3", "-I", "-S", "-c", _SHIM, str(status_fd), spec,
             *(f"{key}={value}" for key, value in env.items()), "--", *argv,
         ]
+
+
+def _retire(root: str, creator: int, cgroups: CallCgroups) -> None:
+    """Remove a back-end's temporary folder and cgroups, in the process that made them only."""
+    if os.getpid() != creator:
+        return
+    try:
+        cgroups.close()
+    finally:
+        remove_own_folder(root, creator)
 
 
 @functools.lru_cache(maxsize=4)

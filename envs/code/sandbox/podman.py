@@ -43,14 +43,21 @@ them readable), cleared of the sandbox's files at `reset`.
 
 What the sandboxes of one container share, unlike bubblewrap's (one namespace set per call): the network namespace
 (no interface but loopback: two sandboxes running at once could talk over 127.0.0.1 or abstract sockets), System V
-IPC and ``/dev/shm``, ``/tmp``, and the container's ceilings on memory, processes and ``/ws`` space. One sandbox
-within its own limits can reach those for as long as a call runs (32 processes of 512 MiB each pass the default
-4 GiB); the kernel then kills the largest process of the container, and every sandbox process carries the highest
-OOM score, so the container's init and ``sleep`` (and with them the container) survive. Episodes that must not see
-each other at all belong in different back-ends (containers) or in the bubblewrap back-end. The cleanup runs as the
-sandbox's uid, so a program built to attack it could ptrace it (the container allows ptrace between processes of
-one uid) in the instant before its ``kill``; what it would gain is a process outliving a call inside its own sandbox
-(still bounded by its limits, and gone at reset's or close's kill unless attacked again, and at the container's end).
+IPC (what a sandbox made is removed with ``ipcrm -a`` as its uid after each call and at reset, so nothing of it
+reaches its next call or the next episode; two sandboxes running at once could still meet there), ``/dev/shm``,
+``/tmp``, and the container's ceilings on memory, processes and ``/ws`` space. One sandbox within its own limits can
+reach those for as long as a call runs (32 processes of 512 MiB each pass the default 4 GiB); the kernel then kills
+the largest process of the container, and every sandbox process carries the highest OOM score, so the container's
+init and ``sleep`` (and with them the container) survive. Disk is no host risk here: workspaces live on the ``/ws``
+tmpfs, capped at ``workspaces_mb`` of the container's memory, so a call writing past
+`SandboxLimits.workspace_bytes` fills at most that tmpfs, for its neighbours only, until the cleanup after the call
+empties its folder; the bwrap back-end's disk watchdog is not needed for the host's sake and is not run.
+
+Episodes that must not see each other at all belong in different back-ends (containers) or in the bubblewrap back-end.
+The cleanup runs as the sandbox's uid, so a program built to attack it could ptrace it (the container allows ptrace
+between processes of one uid) in the instant before its ``kill``; what it would gain is a process outliving a call
+inside its own sandbox (still bounded by its limits, and gone at reset's or close's kill unless attacked again, and at
+the container's end).
 
 Exit codes: ``podman exec`` reports a program killed by signal N as 128 + N, which this back-end returns as -N (the
 `subprocess` convention); a program that itself exits with 129-192 reads as a signal.
@@ -77,6 +84,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 
 from ._calls import check_argv, check_env, check_limits, check_stdin, rlimits
+from ._owners import start_time as _start_time
 from ._process import run_bounded
 from ._workspace import MAX_ENTRIES
 from .base import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxLimits, SandboxUnavailable
@@ -108,9 +116,12 @@ _EXEC_TIMEOUT_S = 60.0
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
 
 # Run as the sandbox's uid after every call. $1 the sandbox folder, $2 the byte limit, $3 the entry limit.
-# `kill -9 -1` first: nothing of the sandbox runs while the folder is repaired and measured.
+# `kill -9 -1` first: nothing of the sandbox runs while the folder is repaired and measured. `ipcrm -a` then removes
+# the System V message queues, semaphores and shared memory this uid made (the others' are not its to remove), which
+# the container's one IPC namespace would otherwise keep for the next call or episode.
 _REPAIR = r"""
 kill -9 -1 2>/dev/null
+ipcrm -a 2>/dev/null
 d=$1
 cd / || exit 3
 for p in "$d" "$d/work" "$d/tmp"; do
@@ -163,19 +174,6 @@ def _ulimits() -> tuple[int, int]:
     if nofile == resource.RLIM_INFINITY or nofile > 65_536:
         nofile = 65_536
     return nofile, 4096
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None if it is gone.
-
-    With the pid it names one process for good: a pid reused by a later process has a later start time.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 def _podman(cmd: Sequence[str], what: str, timeout: float) -> subprocess.CompletedProcess[bytes]:

@@ -9,7 +9,8 @@ What it does bound, with the same numbers as the isolating back-ends: CPU second
 files and core dumps per process (rlimits set by util-linux ``prlimit``, which then execs the command, so the exit
 status is the command's own); wall time and leftovers (each call is its own process group, killed at the wall limit
 and again when the call's first process exits); output size (read concurrently, cut, the rest drained); workspace
-size (checked after each call). RLIMIT_NPROC counts every process of the user on the whole host: as root it does
+size (measured every 75 ms during a call, which is killed when it passes the limit, and checked after it).
+RLIMIT_NPROC counts every process of the user on the whole host: as root it does
 nothing at all (root is exempt), so it is not set and a fork bomb runs until the wall limit kills its process group;
 as another user it is set to the processes the user already has plus `SandboxLimits.max_processes`, an approximate
 bound that concurrent calls share. A process that leaves the group (``setsid``) outlives the call; `reset` and
@@ -34,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from ._calls import check_argv, check_env, check_limits, check_stdin, rlimits
 from ._process import run_bounded
 from ._workspace import empty_folder, remove_folder, remove_own_folder, workspace_exceeds
-from .base import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxLimits
+from .base import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxLimits, WorkspaceTooLarge
 
 __all__ = ["SubprocessBackend", "SubprocessSandbox"]
 
@@ -83,8 +84,9 @@ class SubprocessSandbox(Sandbox):
         base = {"PATH": _SYSTEM_PATH, "HOME": self._folder, "WORKSPACE": self._folder, "LANG": "C.UTF-8",
                 "PYTHONDONTWRITEBYTECODE": "1"}
         outcome = run_bounded(cmd, stdin=stdin, wall_s=limits.wall_s, output_bytes=limits.output_bytes,
-                              env={**base, **extra}, cwd=self._folder)
-        overflow = workspace_exceeds(self._folder, limits.workspace_bytes)
+                              env={**base, **extra}, cwd=self._folder,
+                              watch=lambda: _grew_past(self._folder, limits.workspace_bytes))
+        overflow = outcome.stopped or workspace_exceeds(self._folder, limits.workspace_bytes)
         if overflow:
             empty_folder(self._folder)
         return ExecResult(exit_code=outcome.returncode, stdout=outcome.stdout, stderr=outcome.stderr,
@@ -106,7 +108,10 @@ class SubprocessSandbox(Sandbox):
     def export_tree(self, limits: SandboxLimits | None = None) -> bytes:
         """The workspace as an uncompressed tar (links kept as links), made with the folder as tar's root."""
         result = self.run(["tar", "-C", self._folder, "-cf", "-", "."], limits=limits)
-        if not result.ok or result.output_truncated:
+        if result.output_truncated:
+            room = (limits or self.limits).output_bytes
+            raise WorkspaceTooLarge(f"the workspace is larger than {room} bytes as a tar")
+        if not result.ok:
             raise SandboxError(f"could not export the workspace (exit {result.exit_code}, "
                                f"truncated={result.output_truncated}): {result.text('stderr')[-300:]}")
         return result.stdout
@@ -159,6 +164,14 @@ class SubprocessBackend(SandboxBackend):
         for sandbox in sandboxes:
             sandbox.close()
         self._finalizer()
+
+
+def _grew_past(folder: str, max_bytes: int) -> bool:
+    """The disk watchdog, run during a call: whether the workspace already holds more than `max_bytes`."""
+    try:
+        return workspace_exceeds(folder, max_bytes, live=True)
+    except OSError:
+        return False  # the check after the call decides
 
 
 def _nproc_limit(limits: SandboxLimits) -> int | None:

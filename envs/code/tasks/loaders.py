@@ -4,8 +4,8 @@ JSONL (`load_jsonl_tasks`), one task per line, the kind told by its fields:
 
 * HumanEval rows (``task_id``, ``prompt``, ``test`` defining ``check(candidate)``, ``entry_point``, optional
   ``canonical_solution``): the agent completes the prompt's function in ``solution.py``; one hidden `ScriptTest` runs
-  the row's test code next to the solution's names (as HumanEval's own harness runs prompt, completion and test in one
-  program) and calls ``check(entry_point)``. The expert writes prompt + canonical solution.
+  the row's test code with the solution's names in scope (as HumanEval's own harness runs prompt, completion and test
+  in one program) and calls ``check(entry_point)``. The expert writes prompt + canonical solution.
 * MBPP rows (``task_id``, ``text``, ``code``, ``test_list`` of ``assert`` lines, optional ``test_setup_code``): the
   entry point is the function the asserts call. When every assert is a plain ``assert f(literals) == literal`` (read
   with `ast`, values by ``ast.literal_eval`` only, never run) and there is no setup code, each becomes an `IOCase`, so
@@ -13,6 +13,16 @@ JSONL (`load_jsonl_tasks`), one task per line, the kind told by its fields:
   the fraction of asserts passed. IOCases compare like the grader does: floats to 1e-6, tuples equal to lists, bools
   only to bools. Arguments must survive JSON unchanged (no tuples, sets, bytes), else the row uses ScriptTests. The
   instruction shows the first assert as an example. The expert writes ``code``.
+* How those test programs keep the nonce from the solution: the program that holds the nonce and runs the test code
+  never runs solution code. It starts ``solution.py`` in a child ``python3 -I`` and serves calls over the child's
+  stdin and stdout: each of the solution's functions that the test code names (the entry point, a prompt's helper)
+  is a proxy that sends ``repr`` of its arguments and reads back ``repr`` of the result with ``ast.literal_eval``
+  (None, bools, numbers, strings, bytes, and tuples, lists, sets, dicts of them; anything else fails the call with a
+  detail, never pickle or eval). An exception comes back as one of the same name and built-in base class, so tests
+  that expect one still work; its literal top-level values are copied, and its modules imported afresh by name. A
+  solution that exits, hangs (`_CALL_CPU_S` of CPU, `_CALL_WALL_S` of wall clock per call) or replies with junk fails
+  the test it was called from, even if the test code catches the error. The test program also makes itself
+  non-dumpable, so a process of the same uid cannot read its memory or descriptors.
 
 Task folders (`load_harbor_task`, `load_harbor_tasks`):
 
@@ -41,7 +51,13 @@ What is supported of the task's container, and how:
   ``run-tests.sh``, or the solution) from the workspace with ``TEST_DIR`` exported (terminal-bench's convention).
   Where the root happens to be writable it also makes those paths as links, which covers paths a script computes.
   Supported: literal paths in any text file of ``tests/`` and ``solution/``. Not supported: paths the scripts build
-  at run time on a read-only root, and files that the agent's own code hard-wires to ``/app``.
+  at run time on a read-only root, and files that the agent's own code hard-wires to ``/app``. The grader unpacks the
+  test's files (and the wrapper) in the call's private ``/tmp`` folder, not the workspace, and runs them with
+  ``HOME=/tmp`` and ``PYTHONNOUSERSITE=1``; the default terminal-bench command runs pytest from there in isolated
+  mode with ``-c /dev/null --rootdir "$TEST_DIR" -p no:cacheprovider``, so workspace config files are not read. A
+  task's own ``run-tests.sh`` or ``test.sh`` runs as written, and it runs the agent's programs by nature: such a test
+  can only be as hard to forge as the task's script makes it.
+* Timeouts: ``verifier.timeout_sec`` and ``max_test_timeout_sec`` are clamped to `MAX_TEST_TIMEOUT_S` (600 s).
 * The instruction gets one line saying that the task's working directory is the workspace (the agent's tools start
   there and take relative paths).
 * Pass / fail: Harbor passes when the reward read back is 1 or more (a ScriptTest is pass/fail: partial Harbor
@@ -70,12 +86,19 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = None  # type: ignore[assignment]
 
-__all__ = ["TaskFileError", "load_jsonl_tasks", "load_harbor_task", "load_harbor_tasks"]
+__all__ = ["TaskFileError", "load_jsonl_tasks", "load_harbor_task", "load_harbor_tasks", "MAX_TEST_TIMEOUT_S"]
 
 _GRADER_DIR = ".agentrl_grader"  # where hidden test files go (the grader empties it before writing them)
 _SOLUTION_DIR = ".agentrl_solution"  # where a terminal task's solution files go for the expert's commands
 _SCRIPT_TEST_WALL_S = 10.0  # HumanEval / MBPP test programs (the reference harnesses allow a few seconds)
 _HARBOR_WALL_S = 120.0  # a Harbor / terminal-bench test without a timeout in its config
+MAX_TEST_TIMEOUT_S = 600.0
+"""The longest wall-clock limit a task file may give its test (``verifier.timeout_sec``, ``max_test_timeout_sec``);
+a longer one is clamped to it, so one task cannot hold a grading sandbox for hours."""
+# terminal-bench's default test command. Run from the tests' private folder, in isolated mode, with no config file
+# and no cache: a conftest.py, pytest.ini or pytest.py the agent left in the workspace is never read.
+_DEFAULT_RUN_TESTS = ('#!/bin/bash\ncd "$TEST_DIR" && python3 -I -m pytest -c /dev/null --rootdir "$TEST_DIR" '
+                      '-p no:cacheprovider "$TEST_DIR/test_outputs.py" -rA\n')
 _MAX_FILE_BYTES = 4 * 1024 * 1024
 _DIFFICULTY_WORDS = {"trivial": 1, "easy": 1, "medium": 3, "hard": 5, "expert": 5}
 _SKIPPED_DIRS = {".git", "__pycache__"}
@@ -157,36 +180,330 @@ def _difficulty(value: Any, where: str, field: str) -> int:
     raise TaskFileError(f"{where}: field {field!r} must be easy / medium / hard or an integer 1-5, got {value!r}")
 
 
-# Shared by the HumanEval and MBPP test programs: read the nonce before any solution code runs, keep the real stdout
-# for the nonce alone, load the solution's names as the reference harnesses do (prompt, completion and test share one
-# namespace).
-_PY_PRELUDE = '''"""Hidden test (written by agentrl's task loader)."""
+# The HumanEval / MBPP test program. It holds the nonce and runs the row's test code, but never the solution's: the
+# solution runs in a child process (`_SOLUTION_SERVER`), and the names the test code uses from it are proxies that
+# send each call's arguments as `repr` and read back the `repr` of the result with `ast.literal_eval`. Both run under
+# the sandbox's python3 (3.8 and later), standard library only.
+_SOLUTION_SERVER = r'''"""Serves calls to solution.py for a hidden test (written by agentrl's task loader)."""
+import ast
+import builtins
+import importlib.util
 import os
+import signal
 import sys
 
-_agentrl_nonce = sys.stdin.readline().strip()
-_agentrl_out = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-sys.path[0] = os.getcwd()
-if not os.path.isfile("solution.py"):
-    sys.exit("solution.py not found in the workspace")
-import solution as _agentrl_solution
+try:
+    import resource
+except ImportError:
+    resource = None
 
-globals().update({k: v for k, v in vars(_agentrl_solution).items() if not k.startswith("__")})
-if not callable(globals().get(%(entry)r)):
-    sys.exit("solution.py defines no function %(entry)s")
+CPU_S = float(sys.argv[1])
+_LITERAL_TYPES = (type(None), bool, int, float, str, bytes)
 
+
+class _CallTimeout(BaseException):
+    pass
+
+
+def _on_timer(signum, frame):
+    raise _CallTimeout()
+
+
+def literal(value, depth=0):
+    """Whether repr(value) reads back equal with ast.literal_eval (exact built-in types, finite floats)."""
+    kind = type(value)
+    if depth > 200:
+        return False
+    if kind is float:
+        return value == value and abs(value) != float("inf")
+    if kind in _LITERAL_TYPES:
+        return True
+    if kind in (tuple, list, set):
+        return all(literal(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(literal(k, depth + 1) and literal(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def describe(error):
+    try:
+        text = str(error)
+    except BaseException:
+        text = "?"
+    name = type(error).__name__
+    return (name + ": " + text if text else name)[:300]
+
+
+def main():
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the solution reads nothing of the requests, and whatever it prints goes to stderr
+    os.dup2(2, 1)
+    sys.stdin, sys.stdout = open(os.devnull), sys.stderr
+
+    def reply(kind, value):
+        replies.write(kind + " " + repr(value) + "\n")
+        replies.flush()
+
+    workspace = os.getcwd()
+    sys.path.insert(0, workspace)  # run with -I: the solution's folder is on the path only because we put it there
+    path = os.path.join(workspace, "solution.py")
+    if not os.path.isfile(path):
+        reply("fatal", "solution.py not found in the workspace")
+        return
+    signal.signal(signal.SIGPROF, _on_timer)
+    try:
+        signal.setitimer(signal.ITIMER_PROF, 2 * CPU_S)
+        try:
+            spec = importlib.util.spec_from_file_location("solution", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["solution"] = module
+            spec.loader.exec_module(module)
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+    except _CallTimeout:
+        reply("fatal", "importing solution.py timed out")
+        return
+    except BaseException as error:
+        reply("fatal", "importing solution.py raised " + describe(error))
+        return
+    names = {}
+    for name, value in list(vars(module).items()):
+        if name.startswith("__"):
+            continue
+        if type(value) is type(sys):
+            names[name] = ("module", str(getattr(value, "__name__", "")))
+        elif callable(value):
+            names[name] = ("callable", None)
+        elif literal(value):
+            names[name] = ("value", value)
+    reply("ready", names)
+    for line in requests:
+        try:
+            name, args, kwargs = ast.literal_eval(line)
+            function = names.get(name, ("",))[0] == "callable" and getattr(module, name)
+        except Exception:
+            reply("failed", "the test sent a request the server cannot read")
+            continue
+        if resource is not None:  # SIGXCPU ends a C-level loop that never returns to the interpreter
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            wanted = int(used.ru_utime + used.ru_stime + CPU_S) + 2
+            try:
+                resource.setrlimit(resource.RLIMIT_CPU, (wanted if hard == resource.RLIM_INFINITY
+                                                         else min(wanted, hard), hard))
+            except (ValueError, OSError):
+                pass
+        try:
+            signal.setitimer(signal.ITIMER_PROF, CPU_S)
+            try:
+                value = function(*args, **kwargs)
+            finally:
+                signal.setitimer(signal.ITIMER_PROF, 0)
+        except _CallTimeout:
+            reply("failed", "timed out (over %g s of CPU time)" % CPU_S)
+            continue
+        except Exception as error:
+            base = next(c for c in type(error).__mro__ if getattr(builtins, c.__name__, None) is c)
+            try:
+                message = str(error)[:2000]
+            except BaseException:
+                message = "?"
+            reply("raised", (type(error).__name__, base.__name__, message))
+            continue
+        except BaseException as error:
+            reply("failed", "raised " + describe(error))
+            continue
+        if not literal(value):
+            reply("failed", "returned a " + type(value).__name__ + ", not a literal (numbers, strings, bytes, None, "
+                  "bools, and tuples, lists, sets and dicts of them)")
+            continue
+        try:
+            text = repr(value)
+        except BaseException as error:
+            reply("failed", "returned a value whose repr failed: " + describe(error))
+            continue
+        replies.write("value " + text + "\n")
+        replies.flush()
+
+
+main()
 '''
-_PY_EPILOGUE = '''
 
-_agentrl_out.write(_agentrl_nonce + "\\n")
-_agentrl_out.flush()
+_TEST_HARNESS = r'''
+import ast
+import builtins
+import importlib
+import os
+import select
+import subprocess
+import sys
+import time
+
+try:  # no process of the same uid (the solution's) may read this one's memory or descriptors: they hold the nonce
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
+_NONCE = sys.stdin.readline().strip()
+_MAX_REPLY = 8 * 1024 * 1024
+if hasattr(sys, "set_int_max_str_digits"):
+    sys.set_int_max_str_digits(0)
+
+
+class SolutionCallFailed(BaseException):
+    """The solution's process failed a call (ended, timed out, sent junk). A BaseException: tests cannot catch it."""
+
+
+def _literal(value, depth=0):
+    kind = type(value)
+    if depth > 200:
+        return False
+    if kind is float:
+        return value == value and abs(value) != float("inf")
+    if kind in (type(None), bool, int, str, bytes):
+        return True
+    if kind in (tuple, list, set):
+        return all(_literal(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(_literal(k, depth + 1) and _literal(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _rebuilt(name, base, message):
+    """The solution's exception as one the test can catch: same name, same built-in base class, same message."""
+    cls = getattr(builtins, base, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = Exception
+    if name != cls.__name__ and name.isidentifier():
+        cls = type(name, (cls,), {})
+    return cls(message)
+
+
+class _Solution:
+    """solution.py in a child `python3 -I`, served call by call over its stdin and stdout."""
+
+    def __init__(self):
+        self.failure = None
+        self.pending = b""
+        self.process = subprocess.Popen([sys.executable, "-I", "-B", "-c", _SERVER, repr(_CALL_CPU_S)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        kind, payload = self._reply("importing solution.py", 2 * _CALL_WALL_S)
+        if kind == "fatal" and isinstance(payload, str):
+            self.close()
+            sys.exit(payload)
+        if kind != "ready" or not isinstance(payload, dict):
+            self._fail("importing solution.py: the solution's process " + str(payload))
+        self.names = payload
+
+    def _fail(self, why):
+        self.failure = why
+        self.close()
+        raise SolutionCallFailed(why)
+
+    def _reply(self, what, wall):
+        """(kind, payload) of the next reply line, or ("failed", why) when the process ended, hung or sent junk."""
+        deadline = time.monotonic() + wall
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return "failed", "timed out (over %g s of wall clock in %s)" % (wall, what)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self.process.poll()
+                return "failed", "ended during %s (exit code %s)" % (what, code)
+            self.pending += chunk
+            if len(self.pending) > _MAX_REPLY:
+                return "failed", "sent a reply over %d bytes in %s" % (_MAX_REPLY, what)
+        line, self.pending = self.pending.split(b"\n", 1)
+        kind, _, text = line.decode("utf-8", "replace").partition(" ")
+        try:
+            return kind, ast.literal_eval(text)
+        except Exception as error:
+            return "failed", "sent a reply that is not a literal in %s (%s)" % (what, type(error).__name__)
+
+    def call(self, name, args, kwargs):
+        if self.failure is not None:
+            raise SolutionCallFailed("an earlier call failed: " + self.failure)
+        if not _literal(args) or not _literal(kwargs):
+            bad = [type(a).__name__ for a in list(args) + list(kwargs.values()) if not _literal(a)]
+            self._fail("cannot pass a %s to %s(): calls into the solution take literals only" % (bad[0], name))
+        try:
+            self.process.stdin.write((repr((name, args, kwargs)) + "\n").encode())
+            self.process.stdin.flush()
+        except OSError:
+            self._fail("%s(): the solution's process had ended (exit code %s)" % (name, self.process.poll()))
+        kind, payload = self._reply(name + "()", _CALL_WALL_S)
+        if kind == "value":
+            return payload
+        if kind == "raised" and isinstance(payload, tuple) and len(payload) == 3 and all(
+                isinstance(p, str) for p in payload):
+            raise _rebuilt(*payload)
+        self._fail("%s() %s" % (name, payload) if kind in ("failed",) else "%s(): unexpected reply %r" % (name, kind))
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+def _proxy(solution, name):
+    def call(*args, **kwargs):
+        return solution.call(name, args, kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _main():
+    try:
+        solution = _Solution()
+    except SolutionCallFailed as error:
+        sys.exit("the solution failed: " + str(error))
+    kind = solution.names.get(_ENTRY, ("",))[0]
+    if kind != "callable":
+        solution.close()
+        sys.exit("solution.py defines no function " + _ENTRY)
+    used = {node.id for node in ast.walk(ast.parse(_BODY)) if isinstance(node, ast.Name)}
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    for name, entry in solution.names.items():
+        if name not in used or not (isinstance(entry, tuple) and len(entry) == 2):
+            continue
+        if entry[0] == "callable":
+            namespace[name] = _proxy(solution, name)
+        elif entry[0] == "value":
+            namespace[name] = entry[1]
+        elif entry[0] == "module" and isinstance(entry[1], str):
+            try:  # the module of that name here, never the solution's own code (the workspace is not on the path)
+                namespace[name] = importlib.import_module(entry[1])
+            except Exception:
+                pass
+    try:
+        exec(compile(_BODY, "hidden_test.py", "exec"), namespace)
+    except SolutionCallFailed as error:
+        sys.exit("the solution failed a call: " + str(error))
+    finally:
+        solution.close()
+    if solution.failure is not None:  # the test caught the failure (a bare except): it still fails
+        sys.exit("the solution failed a call: " + solution.failure)
+    sys.stdout.write(_NONCE + "\n")
+    sys.stdout.flush()
+
+
+_main()
 '''
+_CALL_CPU_S = 4.0  # CPU seconds of one call into the solution (the import gets twice as long)
+_CALL_WALL_S = 8.0  # wall-clock backstop of one call (a call that sleeps or blocks)
 
 
 def _python_test(entry_point: str, body: str) -> str:
-    return _PY_PRELUDE % {"entry": entry_point} + body.rstrip() + "\n" + _PY_EPILOGUE
+    """The test program of one HumanEval check or MBPP assert (`body`), self-contained (see `_TEST_HARNESS`)."""
+    return (f'"""Hidden test (written by agentrl\'s task loader): test code here, the solution in a child process."""\n'
+            f"_ENTRY = {entry_point!r}\n_BODY = {body.rstrip() + chr(10)!r}\n_CALL_CPU_S = {_CALL_CPU_S!r}\n"
+            f"_CALL_WALL_S = {_CALL_WALL_S!r}\n_SERVER = {_SOLUTION_SERVER!r}\n" + _TEST_HARNESS)
 
 
 def _humaneval_task(row: dict[str, Any], where: str) -> CodeTask:
@@ -204,7 +521,7 @@ def _humaneval_task(row: dict[str, Any], where: str) -> CodeTask:
     instruction = (f"Complete the Python function `{entry}` below and write it, whole (with the imports and helpers it "
                    f"needs), to the file `{SOLUTION_FILE}`.\n\n```python\n{prompt.rstrip()}\n```")
     program = f"{_GRADER_DIR}/check_{_slug(entry)}.py"
-    script = ScriptTest(name="check", argv=("python3", program),
+    script = ScriptTest(name="check", argv=("python3", "-I", "-B", program),
                         files={program: _python_test(entry, f"{test}\n\ncheck({entry})")}, wall_s=_SCRIPT_TEST_WALL_S)
     files = {SOLUTION_FILE: prompt + solution.replace("\r\n", "\n")} if solution else {}
     return CodeTask(task_id=f"humaneval/{task_id}", instruction=instruction, family="humaneval",
@@ -240,7 +557,7 @@ def _mbpp_task(row: dict[str, Any], where: str) -> CodeTask:
                   solution_files={SOLUTION_FILE: code} if code.strip() else {}, source="mbpp")
     if not setup.strip() and all(case is not None for case in cases):
         return CodeTask(cases=tuple(c for c in cases if c is not None), **common)
-    scripts = tuple(ScriptTest(name=f"assert {i + 1}", argv=("python3", f"{_GRADER_DIR}/assert_{i + 1}.py"),
+    scripts = tuple(ScriptTest(name=f"assert {i + 1}", argv=("python3", "-I", "-B", f"{_GRADER_DIR}/assert_{i + 1}.py"),
                                files={f"{_GRADER_DIR}/assert_{i + 1}.py": _python_test(entry, f"{setup}\n{a.strip()}")},
                                wall_s=_SCRIPT_TEST_WALL_S) for i, a in enumerate(asserts))
     return CodeTask(scripts=scripts, **common)
@@ -403,7 +720,8 @@ def _harbor_task(folder: Path) -> CodeTask:
     workdir = _dockerfile_workdir(environment / "Dockerfile")
     files = _tree(environment, skip={"Dockerfile", "docker-compose.yaml", "docker-compose.yml"})
     tests = {f"{_GRADER_DIR}/tests/{path}": text for path, text in _tree(folder / "tests").items()}
-    test = ScriptTest(name="test.sh", argv=("python3", f"{_GRADER_DIR}/task_script.py", "test", "harbor", workdir),
+    test = ScriptTest(name="test.sh", argv=("python3", "-I", "-B", f"{_GRADER_DIR}/task_script.py", "test", "harbor",
+                                             workdir),
                       files={**tests, f"{_GRADER_DIR}/task_script.py": _TASK_SCRIPT}, wall_s=wall_s)
     solution = _tree(folder / "solution")
     if "solve.sh" not in solution:
@@ -432,11 +750,11 @@ def _terminal_bench_task(folder: Path) -> CodeTask:
              "docker-compose.yml", "tests"}
     files = _tree(folder, skip=known)
     run_tests = (_read_text(folder / "run-tests.sh") if (folder / "run-tests.sh").is_file() else
-                 '#!/bin/bash\npython3 -m pytest "$TEST_DIR/test_outputs.py" -rA\n')
+                 _DEFAULT_RUN_TESTS)
     tests = {f"{_GRADER_DIR}/tests/{path}": text for path, text in _tree(folder / "tests").items()}
     workdir = _dockerfile_workdir(folder / "Dockerfile")
     test = ScriptTest(name="run-tests.sh",
-                      argv=("python3", f"{_GRADER_DIR}/task_script.py", "test", "terminal-bench", workdir),
+                      argv=("python3", "-I", "-B", f"{_GRADER_DIR}/task_script.py", "test", "terminal-bench", workdir),
                       files={**tests, f"{_GRADER_DIR}/run-tests.sh": run_tests,
                              f"{_GRADER_DIR}/task_script.py": _TASK_SCRIPT}, wall_s=wall_s)
     solution = {"solution.sh": _read_text(folder / "solution.sh")} if (folder / "solution.sh").is_file() else {}
@@ -505,11 +823,12 @@ def _table(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
 
 
 def _seconds(value: Any, path: Path, field: str) -> float:
+    """A task file's test timeout: the default when absent, clamped to `MAX_TEST_TIMEOUT_S`."""
     if value is None:
         return _HARBOR_WALL_S
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise TaskFileError(f"{path}: field {field!r} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return min(float(value), MAX_TEST_TIMEOUT_S)
 
 
 def _drop_canary(text: str) -> str:
@@ -604,7 +923,7 @@ def read_reward(logs):
 def main():
     mode, layout, workdir = sys.argv[1], sys.argv[2], sys.argv[3]
     here = os.getcwd()
-    folder = os.path.join(here, ".agentrl_grader" if mode == "test" else ".agentrl_solution")
+    folder = os.path.dirname(os.path.abspath(__file__))  # the test's private copy (grading) or the solution folder
     nonce = sys.stdin.readline().strip() if mode == "test" else ""
     tests, logs = os.path.join(folder, "tests"), os.path.join(folder, "logs")
     mapping = {"/tests": tests, "/logs": logs, "/solution": folder}
@@ -621,7 +940,8 @@ def main():
             link(path, target)
     env = dict(os.environ)
     env["TEST_DIR"] = tests
-    env.setdefault("HOME", "/tmp")
+    env["HOME"] = "/tmp"  # never the workspace: no user site-packages or dotfiles the agent could have planted
+    env["PYTHONNOUSERSITE"] = "1"
     if mode == "solve":
         script = os.path.join(folder, "solve.sh" if layout == "harbor" else "solution.sh")
         sys.exit(subprocess.call(["bash", script], cwd=here, env=env, stdin=subprocess.DEVNULL))

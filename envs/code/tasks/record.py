@@ -10,8 +10,12 @@ Two kinds of hidden test, by how much a hostile solution could forge them:
   values never enter a sandbox, so no code the agent writes can fake a pass without computing the answers.
 * `ScriptTest` (HumanEval ``check(candidate)``, MBPP asserts, Harbor / terminal-bench test scripts): a program run in
   a fresh sandbox next to the agent's files; it passes when it exits 0 and echoes the per-grading nonce it reads from
-  stdin. Code the agent wrote runs in that program, so a solution written to subvert the test process could forge it;
-  the workspace, the test files and anything left from the episode cannot.
+  stdin. Its files are unpacked in the grading call's private ``/tmp``, and Python runs isolated (``python3 -I``,
+  ``HOME=/tmp``), so nothing in the workspace (a ``conftest.py``, a user site, a planted grader file) configures it.
+  For function tasks (HumanEval, MBPP) the solution cannot forge it either: the test program that holds the nonce
+  never runs solution code, it calls the solution in a child process through proxies that pass literal values only
+  (`envs/code/tasks/loaders.py`). A Harbor / terminal-bench test script runs the agent's programs by nature (that is
+  what it tests), so it is only as hard to forge as the task's own script makes it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ def _frozen(mapping: Mapping[str, str]) -> Mapping[str, str]:
 
 @dataclass(frozen=True)
 class IOCase:
-    """Call the entry point with `args` (JSON values) and expect `expected` (JSON value; floats to 1e-6 relative)."""
+    """Call the entry point with `args` (JSON values) and expect `expected` (JSON; ints exact, floats to 1e-6 relative).
+
+    The grader compares with `envs.code.grading.values_match`.
+    """
 
     args: tuple[Any, ...]
     expected: Any
@@ -41,9 +48,11 @@ class IOCase:
 
 @dataclass(frozen=True)
 class ScriptTest:
-    """A hidden test program: `files` written beside the agent's workspace, `argv` run in `WORKDIR`.
+    """A hidden test program: `files` unpacked in the grading call's private folder, `argv` run in `WORKDIR`.
 
-    Passes when it exits 0 and its stdout holds the nonce it was given on stdin's first line.
+    The files never enter the workspace; an `argv` item equal to one of their paths is replaced by that file's path in
+    the private folder (``$AGENTRL_TEST_DIR``). Passes when it exits 0 and its stdout holds the nonce it was given on
+    stdin's first line.
     """
 
     name: str
