@@ -80,6 +80,7 @@ class CodeTaskSet(SharedResource):
 # ---- one sandbox pool per process and back-end ---------------------------------------------------------------------
 
 _POOLS: dict[tuple[Any, ...], SandboxPool] = {}
+_IDLE_SANDBOXES = 16  # emptied sandboxes kept per process; live ones (one per episode in flight) come on top
 _POOLS_LOCK = threading.Lock()
 
 
@@ -89,7 +90,7 @@ def _pool(backend: str, unsafe_subprocess: bool, limits: SandboxLimits, options:
     with _POOLS_LOCK:
         if key not in _POOLS:
             made = make_backend(backend, unsafe_subprocess=unsafe_subprocess, **dict(options))
-            _POOLS[key] = SandboxPool(made, limits, size=64)
+            _POOLS[key] = SandboxPool(made, limits, size=_IDLE_SANDBOXES)
         return _POOLS[key]
 
 
@@ -319,9 +320,8 @@ class CodeEnv(TextEnv):
         return "\n".join(parts)
 
     def _finish(self, info: dict[str, Any], truncated: bool) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        report = self.grade_workspace()
+        report = self.grade_workspace(end_episode=True)
         self._done = True
-        self._release()
         reward = report.fraction if self.reward_mode == "fraction" else float(report.all_passed)
         info.update(tests_passed=report.passed, tests_total=report.total, success=report.all_passed,
                     test_details=[(t.name, t.passed, t.detail) for t in report.tests])
@@ -329,13 +329,23 @@ class CodeEnv(TextEnv):
         obs = f"{lead} Hidden tests passed: {report.passed}/{report.total}."
         return obs, float(reward), not truncated, truncated, info
 
-    def grade_workspace(self) -> TestReport:
-        """Grade the current workspace with the hidden tests, in a fresh sandbox (the episode goes on)."""
+    def grade_workspace(self, end_episode: bool = False) -> TestReport:
+        """Grade the current workspace with the hidden tests, in a fresh sandbox.
+
+        Args:
+            end_episode: give the episode's sandbox back (emptied) once its workspace is exported, before grading,
+                so an episode never holds two sandboxes (podman gives each live sandbox a uid of its own, from a
+                block of 63 per process). Otherwise the episode goes on.
+        """
         assert self._sandbox is not None and self._task is not None
         try:
             tar = self._sandbox.export_tree(self.grade_limits)
         except WorkspaceTooLarge as e:  # the agent's doing (a workspace of many tiny files): a failed grade
             detail = f"the workspace is too large to grade ({e})"
+            tar = None
+        if end_episode:
+            self._release()
+        if tar is None:
             return TestReport(tuple(TestOutcome(f"test {i + 1}", False, detail) for i in range(self._task.n_tests)))
         fresh = self._pool.acquire()
         try:
