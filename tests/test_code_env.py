@@ -329,3 +329,24 @@ def test_task_files_over_the_workspace_limit_name_the_setting():
             env.reset(seed=0)
     finally:
         env.close()
+
+
+@pytest.mark.slow
+def test_cli_trains_and_evaluates_on_the_code_env(tmp_path):
+    """`agentrl run --env code` trains a step in real sandboxes, and `agentrl eval --protocol agentrl-code-v1` scores
+    its checkpoint (a tiny random model: the numbers are not the point, the path is)."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "agentrl.cli", "run", "--env", "code", "--model", "tiny-qwen3",
+                          "--steps", "1", "--env-arg", "max_turns=2", "--env.max-turns", "2",
+                          "--sampling.max-new-tokens", "16", "--output", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows and rows[-1]["step"] == 0 and "reward_mean" in rows[-1]
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", "--protocol", "agentrl-code-v1", "--model",
+                          str(tmp_path / "run" / "checkpoint"), "--episodes", "2", "--engine", "hf",
+                          "--output", str(tmp_path / "eval")], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["protocol"]["name"] == "agentrl-code-v1" and len(results["episodes"]) == 2
