@@ -13,6 +13,10 @@ SHARED = ROOT.parent / "shared"
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# tests/data holds sample tasks for the code env, some with their own test files (terminal-bench's test_outputs.py):
+# they are data that the env's grader runs inside a sandbox, never tests of this suite.
+collect_ignore_glob = ["data/*"]
+
 
 def pytest_collection_modifyitems(config, items):
     if Path("/usr/bin/chromium").exists() or shutil.which("chromium"):
