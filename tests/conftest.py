@@ -52,3 +52,18 @@ def local_ray():
         import ray
 
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray on 2 CPUs for the module's tests (left alone when one is already running)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    if started:
+        ray.shutdown()
+

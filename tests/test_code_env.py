@@ -4,7 +4,6 @@ the expert in both action forms, SFT demonstrations as tool calls, Ray runners, 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -231,19 +230,6 @@ class _ToolCallingEngine:
 
     def clear_cache(self):
         pass
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    if started:
-        ray.shutdown()
 
 
 def test_episodes_in_ray_runners_run_real_sandboxes(ray_session, qwen3_tokenizer):

@@ -121,17 +121,6 @@ class WalkEnv(TextEnv):
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    if started:
-        ray.shutdown()
-
-
 def _maker(**kwargs) -> EnvMaker:
     return EnvMaker("walk", kwargs, entry_point=WalkEnv)
 
