@@ -93,3 +93,15 @@ def test_every_tool_family_renders_the_tools_and_its_parser_reads_each_call_back
         ids = qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]
         action = ctx.action_from_reply(ids)
         assert parse_action(action) == ToolCall.make(name, args), f"{family}: {name} did not round-trip"
+
+
+@pytest.mark.parametrize("reply", [
+    '{"name": ' + "[" * 30000 + "]" * 30000 + "}",  # nested past the JSON decoder's recursion limit
+    '{"name": "run_shell", "arguments": "' + "[" * 30000 + '"}',
+    "```" * 33000,  # a run of backticks: tried once as a fence, not once per length and position (it hung before)
+    "x ```\n" * 16000,
+    "a" * 100_001,
+])
+def test_hostile_replies_are_refused_as_replies_not_crashes_or_hangs(reply):
+    with pytest.raises(ToolCallError):
+        parse_action(reply)

@@ -99,7 +99,12 @@ class ToolCall:
 
 
 # A fence of three or more backticks, closed by the same number: content holding ``` is written with a longer one.
-_FENCE = re.compile(r"(?P<fence>`{3,})(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<body>.*?)(?P=fence)(?!`)", re.DOTALL)
+# Opening fences start a line and are a whole run of backticks, so a line of many backticks is tried once, not once
+# per length and position (a hostile reply of 90,000 backticks took minutes before).
+_FENCE = re.compile(r"^(?P<fence>`{3,})(?!`)(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<body>.*?)(?P=fence)(?!`)",
+                    re.DOTALL | re.MULTILINE)
+MAX_ACTION_CHARS = 100_000
+"""The longest reply parsed; longer ones are refused (a served env's client decides the length, not a model)."""
 _PATH_LINE = re.compile(r"^\s*(write_file|read_file)\s+[`'\"]?([^\s`'\"]+)[`'\"]?\s*$", re.MULTILINE)
 _PYTHON_LANGS = ("python", "py", "python3", "")
 _SHELL_LANGS = ("bash", "sh", "shell", "console")
@@ -111,7 +116,7 @@ def _from_json(text: str) -> ToolCall | None:
         return None
     try:
         value, _ = json.JSONDecoder().raw_decode(text[start:])
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # deep nesting is no call either
         return None
     if not isinstance(value, dict) or "name" not in value:
         return None
@@ -119,8 +124,9 @@ def _from_json(text: str) -> ToolCall | None:
     if isinstance(args, str):  # OpenAI's wire form: arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ToolCallError(f"the arguments of {str(value['name'])[:40]!r} are not valid JSON ({e.msg})") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            reason = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            raise ToolCallError(f"the arguments of {str(value['name'])[:40]!r} are not valid JSON ({reason})") from None
     if not isinstance(args, dict):
         raise ToolCallError(f"arguments must be an object of strings, got {type(args).__name__}")
     return ToolCall.make(str(value["name"]), {str(k): v for k, v in args.items()})
@@ -159,6 +165,8 @@ def parse_action(action: str) -> ToolCall:
     """
     if not isinstance(action, str) or not action.strip():
         raise ToolCallError(f"empty reply. {ACTION_HELP}")
+    if len(action) > MAX_ACTION_CHARS:
+        raise ToolCallError(f"the reply has {len(action)} characters; at most {MAX_ACTION_CHARS} are read")
     stripped = action.strip()
     call = _from_json(stripped) if stripped.startswith("{") else None
     if call is None:
