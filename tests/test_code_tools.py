@@ -100,6 +100,8 @@ def test_every_tool_family_renders_the_tools_and_its_parser_reads_each_call_back
     '{"name": "run_shell", "arguments": "' + "[" * 30000 + '"}',
     "```" * 33000,  # a run of backticks: tried once as a fence, not once per length and position (it hung before)
     "x ```\n" * 16000,
+    "\n" * 99_000 + "x",  # blank lines: the line patterns were quadratic in them
+    " \n" * 49_000 + "x",
     "a" * 100_001,
 ])
 def test_hostile_replies_are_refused_as_replies_not_crashes_or_hangs(reply):

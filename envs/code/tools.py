@@ -105,7 +105,8 @@ _FENCE = re.compile(r"^(?P<fence>`{3,})(?!`)(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P
                     re.DOTALL | re.MULTILINE)
 MAX_ACTION_CHARS = 100_000
 """The longest reply parsed; longer ones are refused (a served env's client decides the length, not a model)."""
-_PATH_LINE = re.compile(r"^\s*(write_file|read_file)\s+[`'\"]?([^\s`'\"]+)[`'\"]?\s*$", re.MULTILINE)
+# Blanks, not \s, around the words: \s matches newlines, and a reply of many blank lines made these patterns quadratic.
+_PATH_LINE = re.compile(r"^[ \t]*(write_file|read_file)[ \t]+[`'\"]?([^\s`'\"]+)[`'\"]?[ \t]*$", re.MULTILINE)
 _PYTHON_LANGS = ("python", "py", "python3", "")
 _SHELL_LANGS = ("bash", "sh", "shell", "console")
 
@@ -152,7 +153,7 @@ def _from_text(text: str) -> ToolCall | None:
             return ToolCall.make("run_shell", {"command": body})
         raise ToolCallError(f"a ```{lang[:20]} block is neither Python nor shell. {ACTION_HELP}")
     if re.fullmatch(r"\s*(submit(\(\))?\.?)\s*", text, flags=re.IGNORECASE) or re.search(
-            r"^\s*submit(\(\))?\s*$", text, flags=re.MULTILINE):
+            r"^[ \t]*submit(\(\))?[ \t]*$", text, flags=re.MULTILINE):
         return ToolCall.make("submit")
     return None
 
