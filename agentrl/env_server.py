@@ -67,7 +67,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from agentrl.env import ClientSettingError, SharedResource, TextEnv, check_client_settings, check_reset_options
 from agentrl.http_guard import HttpGuard, HttpLimits, allowed_hosts, bind_socket, check_bind, uvicorn_server
-from agentrl.registry import short_name, spec
+from agentrl.registry import loading, short_name, spec
 from agentrl.remote import PROTOCOL_VERSION, TOKEN_ENV_VAR
 
 __all__ = ["ServeSettings", "ServeError", "EnvServer", "RunningServer", "start_server", "serve", "json_info",
@@ -245,8 +245,10 @@ class EnvServer:
         self._counter = itertools.count()
         self._opening = 0  # sessions being built: they count against max_sessions already
         self.reaped = 0
-        # Build the shared state and one env now: a bad kwarg must stop the server at start, not fail every session.
-        probe = self._make_env({})
+        # Build the shared state and one env now: a bad kwarg, or a feature whose extra is not installed, must stop
+        # the server at start, not fail every session.
+        with loading(settings.env_id):
+            probe = self._make_env({})
         self.max_episode_steps = getattr(probe, "max_episode_steps", None)
         probe.close()
         self.app = self._build_app()

@@ -138,7 +138,15 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     path = Path(name).expanduser()
     if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
         # A LoRA checkpoint saved without its merged model: the base it names, with the adapter merged in.
-        from peft import PeftModel
+        from agentrl.extras import missing_extra_message
+
+        try:
+            from peft import PeftModel
+        except ModuleNotFoundError as e:
+            message = missing_extra_message(e, f"the LoRA adapter {path} (saved without its merged model)")
+            if message is None:
+                raise
+            raise UnknownModelError(message) from None
 
         base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
         if not base:

@@ -17,7 +17,7 @@ play any agentrl env. One connection is one session, bounded and reaped like the
   is that reward, and ``info["success"]`` is the task outcome a rubric would score.
 
 Played (``--env openenv+http://HOST:PORT``): `OpenEnvEnv` drives an OpenEnv server through ``openenv-core``'s own
-``GenericEnvClient`` (``pip install openenv-core``). The agent's reply becomes the action ``{action_field: text}``
+``GenericEnvClient`` (the openenv extra). The agent's reply becomes the action ``{action_field: text}``
 (``--env-arg action_field=message``); the observation's ``observation_field`` (or, by default, ``text`` when the
 server sends it, else the whole observation as JSON) is the text the agent reads. OpenEnv has one ``done``: it maps
 to ``terminated`` unless the observation says ``truncated`` (our own servers do). ``info["success"]`` is the
@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agentrl.env import TextEnv
+from agentrl.extras import needs_extra
 from agentrl.remote import (
     MAX_ABS_REWARD,
     MAX_JSON_DEPTH,
@@ -100,10 +101,8 @@ class OpenEnvEnv(TextEnv):
     def __init__(self, base_url: str, action_field: str = "text", observation_field: str = "",
                  system_prompt: str = "", success_threshold: float = 0.0, message_timeout: float = 120.0,
                  max_message_bytes: int = MAX_RESPONSE_BYTES, max_abs_reward: float = MAX_ABS_REWARD):
-        try:
+        with needs_extra("an OpenEnv env (openenv+http://...)"):
             from openenv.core.generic_client import GenericEnvClient
-        except ImportError as e:
-            raise ImportError(f"OpenEnv envs need openenv-core: pip install 'agentrl[openenv]' ({e})") from None
         self.base_url = base_url.removeprefix(OPENENV_SCHEME).rstrip("/")
         self.action_field = action_field
         self.observation_field = observation_field

@@ -18,6 +18,9 @@ as uvicorn and gunicorn do, so ``pkg.mod:Class`` resolves from the folder the co
 Such ids are not listed by `registered`. Neither is a served env's URL, ``http://HOST:PORT/NAME`` (see
 `agentrl.remote`): its spec stands a `RemoteEnv` class in for the env served there; nor an OpenEnv server's,
 ``openenv+http://HOST:PORT`` (`agentrl.openenv.OpenEnvEnv`).
+
+An env whose code needs a package that the base install leaves out (WebShop's faiss, the GUI's Playwright) fails to
+load with `EnvExtraError`: one line naming the package and the extra that installs it (`agentrl.extras`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import site
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -40,11 +44,12 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 from agentrl.env import TextEnv
+from agentrl.extras import MissingExtraError, missing_extra_message
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
-__all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "register", "make", "registered", "spec", "short_name",
-           "loaded_env_code", "use_app_dir"]
+__all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "EnvExtraError", "register", "make", "registered", "spec",
+           "short_name", "loaded_env_code", "use_app_dir", "loading"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,15 @@ class EnvLoadError(UnknownEnvError):
     """
 
 
+class EnvExtraError(EnvLoadError):
+    """Raised when an env's code needs an optional package that this install left out.
+
+    The message is one line naming the env (or its feature), the package and the command that installs its extra,
+    e.g. "the webshop env needs faiss, which the base install leaves out: pip install 'agentrl-platform[webshop]'".
+    The command line is right and the install is not, so the CLI exits 1 on it, not 2.
+    """
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What the registry knows about one env id.
@@ -72,7 +86,7 @@ class EnvSpec:
         id: the name passed to `make`.
         entry_point: ``"pkg.module:ClassName"`` or the class / factory itself.
         defaults: keyword arguments passed to the constructor unless `make` overrides them.
-        package: the distribution that provides it (``"agentrl"`` for the built-ins), for `agentrl envs list`.
+        package: the distribution that provides it (``"agentrl-platform"`` for the built-ins), for `agentrl envs list`.
         py_modules: local code that other processes need to import `entry_point` (a ``.py`` file or a package
             folder), for ids naming a module or file that no installed distribution provides. Ray runners receive
             it through their runtime environment (``runtime_env={"py_modules": ...}``).
@@ -85,20 +99,27 @@ class EnvSpec:
     py_modules: tuple[str, ...] = ()
 
     def load(self) -> Callable[..., TextEnv]:
-        """Import and return the env class (or factory)."""
+        """Import and return the env class (or factory).
+
+        Raises:
+            EnvExtraError: the env's module imports a package that this install left out.
+            ImportError: any other failure to import it.
+        """
         if not isinstance(self.entry_point, str):
             return self.entry_point
         module_name, _, attr = self.entry_point.partition(":")
         if not attr:
             raise ValueError(f"env {self.id!r}: entry point {self.entry_point!r} must look like 'pkg.module:Class'")
         try:
-            module = importlib.import_module(module_name)
+            with loading(self.id):
+                module = importlib.import_module(module_name)
         except ImportError as e:
             raise ImportError(f"env {self.id!r}: cannot import {module_name!r} ({e})") from e
-        try:
-            return getattr(module, attr)
-        except AttributeError:
-            raise ImportError(f"env {self.id!r}: module {module_name!r} has no attribute {attr!r}") from None
+        with loading(self.id):  # a package's lazy __getattr__ (PEP 562, as agentrl.envs.webshop) imports here
+            try:
+                return getattr(module, attr)
+            except AttributeError:
+                raise ImportError(f"env {self.id!r}: module {module_name!r} has no attribute {attr!r}") from None
 
     @property
     def description(self) -> str:
@@ -199,10 +220,47 @@ def spec(id: str) -> EnvSpec:
 
 
 def make(id: str, **kwargs: Any) -> TextEnv:
-    """Create the env registered under `id`, with `kwargs` overriding the registered defaults."""
+    """Create the env registered under `id`, with `kwargs` overriding the registered defaults.
+
+    Raises:
+        UnknownEnvError, EnvLoadError: as `spec`.
+        EnvExtraError: the env's code, or a feature that `kwargs` ask for, needs a package this install left out.
+    """
     s = spec(id)
-    factory = s.load()
-    return factory(**{**s.defaults, **kwargs})
+    with loading(id):
+        factory = s.load()
+        return factory(**{**s.defaults, **kwargs})
+
+
+@contextmanager
+def loading(env_id: str) -> Iterator[None]:
+    """Report a package missing while importing or building env `env_id` as `EnvExtraError` naming its extra.
+
+    `make` and `EnvSpec.load` use it; code that builds envs from `EnvSpec.load`'s class itself (the env server)
+    wraps its first build in it, so a missing extra stops it at start with one line.
+
+    Raises:
+        EnvExtraError: a `agentrl.extras.MissingExtraError`, or a `ModuleNotFoundError` for a module that belongs
+            to an extra; any other error passes unchanged.
+    """
+    try:
+        yield
+    except (MissingExtraError, ModuleNotFoundError) as e:
+        error = _extra_error(env_id, e)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _extra_error(env_id: str, error: BaseException) -> EnvExtraError | None:
+    """`error` as an `EnvExtraError` when it says that a package of an extra is missing, else None."""
+    if isinstance(error, MissingExtraError):  # raised where the package is used: it names the feature already
+        return EnvExtraError(str(error))
+    if isinstance(error, ModuleNotFoundError):
+        named = f"the {env_id} env" if env_id.replace("-", "_").isidentifier() else f"env {env_id!r}"
+        message = missing_extra_message(error, named)
+        return EnvExtraError(message) if message is not None else None
+    return None
 
 
 def short_name(env_id: str) -> str:
@@ -296,7 +354,7 @@ def _load_file(id: str, source: str) -> ModuleType:
         module_spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
-        raise EnvLoadError(f"cannot load env {id!r}: {_located(e, path)}") from None
+        raise _extra_error(id, e) or EnvLoadError(f"cannot load env {id!r}: {_located(e, path)}") from None
     return module
 
 
@@ -308,9 +366,9 @@ def _import_module(id: str, source: str) -> ModuleType:
             raise EnvLoadError(f"cannot load env {id!r}: no module named {e.name!r} on sys.path; install it, run "
                                f"from the folder that holds it (or pass --app-dir FOLDER), or name a file: "
                                f"path/to/file.py:Class") from None
-        raise EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
+        raise _extra_error(id, e) or EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
     except Exception as e:
-        raise EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
+        raise _extra_error(id, e) or EnvLoadError(f"cannot load env {id!r}: {_located(e, None)}") from None
 
 
 def _same_file(origin: str | None, path: Path) -> bool:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install agentrl[serve]")
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install agentrl[serve]")
+httpx = pytest.importorskip("httpx", reason="needs httpx (the dev requirements)")
+pytest.importorskip("fastapi", reason="needs fastapi (the base install)")
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 from test_env_contract import JUNK  # noqa: E402
 

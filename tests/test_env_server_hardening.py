@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install agentrl[serve]")
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install agentrl[serve]")
-websockets = pytest.importorskip("websockets", reason="needs the serve extra: pip install agentrl[serve]")
+httpx = pytest.importorskip("httpx", reason="needs httpx (the dev requirements)")
+pytest.importorskip("fastapi", reason="needs fastapi (the base install)")
+websockets = pytest.importorskip("websockets", reason="needs websockets (the base install)")
 
 from agentrl.env_server import ServeError, ServeSettings, start_server  # noqa: E402
 from agentrl.http_guard import (  # noqa: E402

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install agentrl[serve]")
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install agentrl[serve]")
+httpx = pytest.importorskip("httpx", reason="needs httpx (the dev requirements)")
+pytest.importorskip("fastapi", reason="needs fastapi (the base install)")
 
 import agentrl  # noqa: E402
 from agentrl.env import (  # noqa: E402

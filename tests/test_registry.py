@@ -57,7 +57,7 @@ def test_unknown_id_lists_known_and_closest():
 def test_builtins_come_from_entry_points():
     specs = agentrl.registered()
     for env_id in ("math", "alfworld", "webshop", "gui"):
-        assert specs[env_id].package == "agentrl"
+        assert specs[env_id].package == "agentrl-platform"  # the distribution (PyPI name), not the import name
         assert specs[env_id].entry_point.startswith(f"agentrl.envs.{env_id}:")
 
 

@@ -438,7 +438,8 @@ class OpenEnvScript:
 @pytest.fixture
 def fake_openenv() -> Iterator[tuple[str, OpenEnvScript]]:
     """A fake OpenEnv server (``websockets``' own server at ``/ws``): (its base URL, the script it follows)."""
-    pytest.importorskip("openenv.core.generic_client", reason="needs openenv-core: pip install agentrl[openenv]")
+    pytest.importorskip("openenv.core.generic_client",
+                        reason="needs openenv-core: pip install 'agentrl-platform[openenv]'")
     from websockets.sync.server import serve
 
     script = OpenEnvScript()

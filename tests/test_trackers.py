@@ -264,7 +264,7 @@ def test_missing_or_misconfigured_tracker_is_one_line_and_the_run_finishes(tmp_p
     assert out.returncode == 0, out.stderr[-3000:]
     assert [r["step"] for r in rows_of(run)] == [0] and (run / "curves.png").exists()
     lines = [line for line in out.stderr.splitlines() if line.startswith("--log")]
-    assert lines[0] == ("--log wandb: cannot import wandb (pip install 'agentrl[wandb]'); this run logs to "
+    assert lines[0] == ("--log wandb: cannot import wandb (pip install 'agentrl-platform[wandb]'); this run logs to "
                         "metrics.jsonl without it")
     if "mlflow" in sys.modules or _installed("mlflow"):
         assert lines[1].startswith("--log mlflow: could not start (") and "nosuchscheme" in lines[1]

@@ -31,6 +31,14 @@ def _fail(message: str, code: int = USAGE_ERROR) -> None:
     raise typer.Exit(code)
 
 
+def _exit_code(error: BaseException) -> int:
+    """1 for a package the install left out (the command line was right, the install was not), else 2."""
+    from agentrl.extras import MissingExtraError
+    from agentrl.registry import EnvExtraError
+
+    return FAILURE if isinstance(error, (EnvExtraError, MissingExtraError)) else USAGE_ERROR
+
+
 def _version(value: bool) -> None:
     if value:
         from agentrl import __version__
@@ -131,7 +139,7 @@ def play(
     try:
         instance = agentrl.make(env, **_parse_kwargs(env_arg))
     except agentrl.UnknownEnvError as e:
-        _fail(str(e))
+        _fail(str(e), _exit_code(e))
     except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
         _fail(f"bad env argument for {env!r}: {e}")
     result = play_episode(instance, seed=seed, expert=expert, max_steps=max_steps)
@@ -167,6 +175,7 @@ def _run_options() -> list:
 def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tuple[str, ...], overwrite: bool) -> None:
     """`agentrl run`'s body: `overrides` are the config flags given (dotted path -> value)."""
     from agentrl.config import ConfigError, load_config, read_run_config
+    from agentrl.extras import MissingExtraError
     from agentrl.models import UnknownModelError
     from agentrl.registry import UnknownEnvError
 
@@ -188,7 +197,7 @@ def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tup
 
             load_agent(cfg.agent.function)
     except (ConfigError, UnknownModelError, UnknownEnvError) as e:
-        _fail(str(e))
+        _fail(str(e), _exit_code(e))
     import dataclasses
 
     from agentrl.recipes.stops import exit_code
@@ -199,8 +208,8 @@ def _run(overrides: dict, config: Path | None, resume: Path | None, env_arg: tup
     code = 0
     try:
         out = train(cfg, resume=resume is not None, overwrite=overwrite)
-    except (ConfigError, UnknownModelError, UnknownEnvError) as e:
-        _fail(str(e))
+    except (ConfigError, UnknownModelError, UnknownEnvError, MissingExtraError) as e:
+        _fail(str(e), _exit_code(e))
     except TrainingError as e:  # the run started and failed (or refused a setting only the loaded model shows)
         _fail(str(e), FAILURE)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`RunStopped`)
@@ -272,7 +281,7 @@ def _sft(overrides: dict, config: Path | None, env_arg: tuple[str, ...], overwri
         cfg = _configured(load_sft_config(config), overrides, env_arg)
         out = run_sft(cfg, overwrite=overwrite)
     except (ConfigError, SFTError, UnknownModelError, UnknownEnvError) as e:
-        _fail(str(e))
+        _fail(str(e), _exit_code(e))
     except (ClusterError, TrainerFailure) as e:
         _fail(str(e), FAILURE)
     except KeyboardInterrupt:
@@ -395,7 +404,7 @@ def eval_(
         )
         results = evaluate(cfg)
     except (EvalError, ConfigError, UnknownModelError, UnknownEnvError, ProtocolError) as e:
-        _fail(str(e))
+        _fail(str(e), _exit_code(e))
     except ClusterError as e:
         _fail(str(e), FAILURE)
     except KeyboardInterrupt:
@@ -593,11 +602,12 @@ def env_serve(
 ) -> None:
     """Serve an env over HTTP (agentrl's --env http://HOST:PORT/NAME) and WebSocket (OpenEnv clients)."""
     import agentrl
+    from agentrl.extras import MissingExtraError, install_hint
 
     try:
         from agentrl.env_server import ServeError, ServeSettings, serve
-    except ImportError as e:
-        _fail(f"agentrl env serve needs FastAPI and uvicorn: pip install 'agentrl[serve]' ({e})", FAILURE)
+    except ImportError as e:  # FastAPI and uvicorn are in the base install: only a broken install lacks them
+        _fail(f"agentrl env serve needs FastAPI and uvicorn: {install_hint('serve')} ({e})", FAILURE)
     try:
         from agentrl.http_guard import HttpLimits
 
@@ -611,8 +621,8 @@ def env_serve(
         serve(settings, announce=lambda line: typer.echo(line, err=True))
     except ServeError as e:
         _fail(str(e))
-    except agentrl.UnknownEnvError as e:
-        _fail(str(e))
+    except (agentrl.UnknownEnvError, MissingExtraError) as e:
+        _fail(str(e), _exit_code(e))
     except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
         _fail(f"cannot serve {env!r}: {e}", FAILURE if isinstance(e, OSError) else USAGE_ERROR)
     except KeyboardInterrupt:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from agentrl.engine.base import EngineError, RequestEngine
+from agentrl.engine.base import RequestEngine
 from agentrl.engine.factory import EngineSpec, model_files, write_model_files
 from agentrl.engine.requests import BatchedRequests
 
@@ -65,7 +65,9 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
     if replicas < 1:
         raise ValueError(f"engines must be >= 1, got {replicas}")
     if spec.kind == "vllm":
-        _require_vllm()
+        from agentrl.engine.vllm import require_vllm
+
+        require_vllm()
     if replicas > 1 or ray_address or placement is not None or resources:
         from agentrl.engine.workers import EngineActorPool
 
@@ -102,15 +104,6 @@ def build_engines(spec: EngineSpec, policy: Any, *, replicas: int = 1, ray_addre
                       prefix_cache_bytes=int(spec.kv_cache_gib * 2**30))
     engine.policy_version = version
     return BatchedRequests(engine)
-
-
-def _require_vllm() -> None:
-    from agentrl.engine.vllm import vllm_available
-
-    problem = vllm_available()
-    if problem is not None:
-        raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
-                          f"command, or use --engine hf")
 
 
 def _check_vllm_here(files: dict[str, bytes], spec: EngineSpec) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -53,8 +54,10 @@ from agentrl.engine.base import (
     NamedTensors,
     SamplingParams,
 )
+from agentrl.extras import missing_extra_message
 
-__all__ = ["VLLMEngine", "vllm_sampling_params", "tuning_kwargs", "check_servable", "vllm_available", "quiet_vllm"]
+__all__ = ["VLLMEngine", "vllm_sampling_params", "tuning_kwargs", "check_servable", "vllm_available", "require_vllm",
+           "quiet_vllm"]
 
 GIB = 1 << 30
 
@@ -86,13 +89,29 @@ def quiet_vllm() -> None:
 
 
 def vllm_available() -> str | None:
-    """None when vLLM imports here, else why not (one line)."""
+    """None when vLLM imports here, else why not (one line; when it is not installed, the extra that installs it)."""
     quiet_vllm()
     try:
         import vllm  # noqa: F401
     except Exception as e:  # a broken install (CUDA torchvision beside CPU torch) raises more than ImportError
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        missing = missing_extra_message(e, "the vllm engine") if isinstance(e, ModuleNotFoundError) else None
+        return missing or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return None
+
+
+def require_vllm() -> None:
+    """Refuse, before any rollout, a vLLM engine where vLLM does not import.
+
+    Raises:
+        EngineError: vLLM is not installed (the message names the extra) or does not import (with the reason).
+    """
+    problem = vllm_available()
+    if problem is None:
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineError(f"{problem} (or use --engine hf)")
+    raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM command, "
+                      f"or use --engine hf")
 
 
 def vllm_sampling_params(params: SamplingParams, stop_token_ids: Sequence[int] = ()) -> Any:
@@ -273,10 +292,7 @@ class VLLMEngine:
                  kv_cache_gib: float = 1.0, memory_fraction: float = 0.15, seed: int = 0,
                  capture_routes: bool = False, weight_transfer: str | None = None, sleep_mode: bool = False,
                  lora: Any = None, tuning: VllmEngineConfig | None = None):
-        problem = vllm_available()
-        if problem is not None:
-            raise EngineError(f"vLLM is not usable here ({problem}). Install the CPU build with the README's vLLM "
-                              f"command, or use --engine hf")
+        require_vllm()
         self.model_dir = Path(model_dir)
         check_servable(self.model_dir, kv_cache_gib=kv_cache_gib)
         # vLLM copies each synced tensor into its parameter with a cast (the same rounding as Tensor.to), and warns

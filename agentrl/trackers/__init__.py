@@ -2,8 +2,8 @@
 
 metrics.jsonl and curves.png are always written; `log.trackers` (``--log wandb --log tensorboard``, or
 ``--log wandb,tensorboard``) adds trackers, each chosen by name from `TRACKERS` and installed as an extra
-(``pip install 'agentrl[wandb]'``). Every tracker writes under the run folder and contacts no server unless its own
-environment variable asks for one:
+(``pip install 'agentrl-platform[wandb]'``). Every tracker writes under the run folder and contacts no server unless
+its own environment variable asks for one:
 
 =============  ======================================================  ==============================================
 tracker        writes                                                  to reach a server instead
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentrl.extras import install_hint
+
 __all__ = ["TRACKERS", "Tracker", "TrackerSettings", "Table", "RunLog", "trajectory_table", "eval_summary",
            "eval_table", "tracker_names", "clear_tracker_files"]
 
@@ -41,7 +43,7 @@ TRACKERS: dict[str, str] = {
     "trackio": "agentrl.trackers.trackio:TrackioTracker",
 }
 """Tracker name -> ``module:Class``; each class opens itself with ``Class.open(settings)``. The name is also the extra
-(``agentrl[name]``) that installs the tracker's package."""
+(``agentrl-platform[name]``) that installs the tracker's package."""
 
 TRANSCRIPT_CHARS = 4000
 """A transcript in a table is cut to this many characters (a WebShop page per turn would fill a dashboard)."""
@@ -182,7 +184,7 @@ class RunLog:
             try:
                 trackers[name] = _tracker_class(name).open(settings)  # its package is imported here, on use
             except ImportError as e:
-                say(f"--log {name}: cannot import {e.name or name} (pip install 'agentrl[{name}]'); this run logs "
+                say(f"--log {name}: cannot import {e.name or name} ({install_hint(name)}); this run logs "
                     f"to metrics.jsonl without it")
                 continue
             except Exception as e:  # a tracker's own error (bad URI, unwritable folder) must not stop the run

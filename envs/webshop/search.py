@@ -36,7 +36,10 @@ import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 from tqdm import tqdm
 
-__all__ = ["SEARCH_MODES", "ScoreBuffer", "Searcher", "build_search_index", "document_text", "tokenize"]
+from agentrl.extras import needs_extra
+
+__all__ = ["SEARCH_MODES", "ScoreBuffer", "Searcher", "build_search_index", "dense_libraries", "document_text",
+           "tokenize"]
 
 SEARCH_MODES = ("bm25", "dense", "hybrid")
 TOP_N = 50
@@ -45,6 +48,7 @@ RRF_K = 60
 CHUNK = 8192  # postings per numpy operation in BM25 scoring (see `ScoreBuffer`)
 _TOKEN = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(STOPWORDS_EN)
+_DENSE = "the webshop env's dense and hybrid search"
 
 
 def document_text(product: Mapping[str, Any]) -> str:
@@ -93,9 +97,20 @@ def build_search_index(
         _build_dense(corpus_ids, len(vocab), out_dir)
 
 
+def dense_libraries() -> tuple[Any, Any]:
+    """The modules ``faiss`` and ``scipy.sparse``, which building the dense index needs (BM25 does not).
+
+    Raises:
+        agentrl.extras.MissingExtraError: either is not installed (the message names the webshop extra).
+    """
+    with needs_extra(_DENSE):
+        import faiss
+        import scipy.sparse as sp
+    return faiss, sp
+
+
 def _build_dense(corpus_ids: list[list[int]], vocab_size: int, out_dir: Path) -> None:
-    import faiss
-    import scipy.sparse as sp
+    faiss, sp = dense_libraries()
 
     rows = np.repeat(np.arange(len(corpus_ids)), [len(set(d)) for d in corpus_ids])
     cols = np.fromiter((t for d in corpus_ids for t in sorted(set(d))), dtype=np.int64, count=len(rows))
@@ -206,7 +221,8 @@ class Searcher:
         self.vocab_ids = np.load(index_dir / "vocab_ids.npy", mmap_mode="r")
         self.dense = None
         if mode != "bm25":
-            import faiss
+            with needs_extra(_DENSE):
+                import faiss
 
             if not (index_dir / "dense.json").exists():
                 raise FileNotFoundError(f"webshop: no dense index in {index_dir}; build it with search_mode={mode!r}")

@@ -31,7 +31,7 @@ from agentrl.env import SharedResource
 from agentrl.envs.webshop.catalog import SPLITS, find_data_files, goal_splits, iter_original_products
 from agentrl.envs.webshop.generator import generate_catalogue
 from agentrl.envs.webshop.reward import resolve_tagger, tag_names
-from agentrl.envs.webshop.search import SEARCH_MODES, Searcher, build_search_index
+from agentrl.envs.webshop.search import SEARCH_MODES, Searcher, build_search_index, dense_libraries
 from agentrl.envs.webshop.store import RecordStore, write_records
 
 __all__ = ["DEFAULT_NUM_PRODUCTS", "WebShopResource", "cache_root", "catalogue_key"]
@@ -205,6 +205,8 @@ class WebShopResource(SharedResource):
             raise ValueError(f"webshop: search_mode must be one of {SEARCH_MODES}, got {search_mode!r}")
         if num_products is not None and num_products < 1:
             raise ValueError(f"webshop: num_products must be >= 1, got {num_products}")
+        if search_mode != "bm25":
+            dense_libraries()  # a missing faiss fails now, not after minutes of building the catalogue and BM25
         folder = cache_root(cache_dir) / catalogue_key(num_products, seed, data_dir, goals)
         if not (folder / "catalogue.json").exists():
             _build_folder(folder, num_products, seed, data_dir, dense=search_mode != "bm25", goals=goals)
