@@ -85,7 +85,13 @@ def test_ctrl_c_through_a_terminal_stops_with_one_line(tmp_path):
 
 
 def _take_terminal() -> None:
-    """In the child, after setsid: make stdin (the pseudo-terminal) its controlling terminal, as a login shell's."""
+    """In the child, after setsid: make stdin (the pseudo-terminal) its controlling terminal, as a login shell's.
+
+    SIGINT goes back to its default too, as a shell's foreground job has it: an ignored disposition survives exec, and
+    Python keeps SIGINT ignored when it starts ignored, so a test earlier in the run that left the suite's process
+    ignoring SIGINT made this run ignore Ctrl-C (it failed only in full runs; tests/conftest.py names such a test).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
