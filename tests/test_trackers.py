@@ -1,7 +1,7 @@
 """Experiment trackers (`--log`): each one, offline, in a real `agentrl run`, read back with the tracker's own reader.
 
-A tracker whose package is not installed is skipped here (its reader is missing too); `pip install -e '.[dev]'`
-installs all four. A missing or misconfigured tracker must cost one line and leave the run going.
+A tracker whose package is not installed is skipped here (its reader is missing too); the README's test install
+(requirements/dev.txt) installs all four. A missing or misconfigured tracker must cost one line and leave the run going.
 """
 
 from __future__ import annotations
