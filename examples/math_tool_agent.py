@@ -5,10 +5,12 @@ way it would talk to any chat-completions endpoint. It offers the model a ``calc
 model makes, hands its answer to the env (``task.step``) and, when the env says the answer is wrong (math's
 ``mode=multi``), passes the feedback back as a user message and lets the model try again.
 
-Train it (a few CPU steps on a tiny random model: a smoke run, not a result):
+Train it, from the repository root (two CPU steps on a tiny random model, about 15 s: a smoke run, not a result;
+vLLM's CPU build does not serve tiny-qwen3, so the HF engine is named rather than probed for):
 
     agentrl run --agent examples/math_tool_agent.py:run --env math --env-arg mode=multi --env-arg max_turns=3 \
-        --model tiny-qwen3 --steps 2 --prompts-per-step 2 --group-size 2 --output runs/agent-smoke
+        --model tiny-qwen3 --engine hf --steps 2 --prompts-per-step 2 --group-size 2 --max-new-tokens 16 \
+        --output runs/agent-smoke
 
 Serve a model and point it at the endpoint yourself (any OpenAI-compatible server works the same):
 
@@ -28,17 +30,24 @@ CALCULATOR = {
     "function": {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression with + - * / ** and parentheses.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]},
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
     },
 }
 MAX_CALLS = 6  # model calls per episode, tool rounds included
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression, or why it has none (what the tool answers the model)."""
+
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
