@@ -210,12 +210,16 @@ class RunnersConfig:
     """Seconds an env reset/step may take in a runner before the runner is restarted and the episode re-run."""
     max_episode_retries: int = 2
     """Re-runs of an episode whose env failed before its whole group is dropped (and counted)."""
+    max_failed_steps: int = 3
+    """Steps in a row whose every group was dropped before the run stops with exit code 1 (an env server that died, an
+    env that fails every episode); 0 never stops."""
 
     def __post_init__(self) -> None:
         _require(self.count >= 0, "runners.count", self.count, ">= 0 (0 = in-process)")
         _require(self.actors >= 0, "runners.actors", self.actors, ">= 0 (0 = one per CPU)")
         _require(self.step_timeout > 0, "runners.step_timeout", self.step_timeout, "> 0 seconds")
         _require(self.max_episode_retries >= 0, "runners.max_episode_retries", self.max_episode_retries, ">= 0")
+        _require(self.max_failed_steps >= 0, "runners.max_failed_steps", self.max_failed_steps, ">= 0 (0 = never stop)")
 
 
 @dataclass

@@ -79,6 +79,8 @@ class Run:
     """A checkpoint fell on an unhealthy step and waits for a healthy one."""
     restarts: int = 0
     """Times this run restarted its trainer workers after one died (``trainer.max_restarts`` bounds it)."""
+    failed_steps: int = 0
+    """Steps in a row whose every group was dropped (``runners.max_failed_steps`` bounds it)."""
 
     def save(self, step: int) -> Path:
         """Checkpoint after `step` (see `agentrl.training.checkpoint`)."""

@@ -201,9 +201,15 @@ def train_step(run: Run, step: int, *, say, show) -> None:
             save_screenshots(trajectories, first, out, cfg.screenshots_per_step)
     if not trajectories:
         failures = rollout.stats.failures
-        say(f"step {step}: no complete group ({rollout.stats.dropped_groups} dropped); "
-            f"last failure: {failures[-1] if failures else 'none'}")
+        last = failures[-1] if failures else "none"
+        run.failed_steps += 1
+        limit = cfg.runners.max_failed_steps
+        if limit and run.failed_steps >= limit:  # the env is gone or broken: more steps would only repeat this
+            raise TrainingError(f"every group failed in {run.failed_steps} steps in a row (last failure: {last}); "
+                                f"fix the env; {_resume_hint(out)} (--runners.max-failed-steps sets how many)")
+        say(f"step {step}: no complete group ({rollout.stats.dropped_groups} dropped); last failure: {last}")
         return
+    run.failed_steps = 0
     live = rollout.stats.metrics() | staleness_metrics(step, trajectories)
 
     # 2-3. Advantages (per turn; after the KL reward penalty when there is one) and samples.
