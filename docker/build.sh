@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build agentrl:cpu or agentrl:gpu from the repository, with docker where its daemon answers and podman otherwise.
 #
-#   docker/build.sh cpu                        # torch from the PyTorch CPU wheel index
+#   docker/build.sh cpu                        # the lock (requirements/); torch from PyTorch's CPU index
 #   docker/build.sh cpu --torch-from /opt/wheels   # torch from a folder of wheels (podman: mounted into the build)
 #   docker/build.sh gpu                        # CUDA torch + vLLM from PyPI
+#   docker/build.sh cpu --base debian:bookworm-slim@sha256:<digest>   # the base pinned by digest
 #   docker/build.sh cpu --base my/debian:bookworm --tag me/agentrl:cpu
 #   docker/build.sh cpu --ca-bundle /etc/ssl/certs/ca-certificates.crt   # pip behind a TLS-intercepting proxy
 #
@@ -11,7 +12,9 @@
 # Debian's own certificates.
 # Where the base image cannot be pulled (no registry reachable) and debootstrap is installed, the script makes the
 # base from the Debian archive (`debootstrap --variant=minbase bookworm`, about 300 MB) and tags it with the base's
-# name, so the Dockerfile builds unchanged. Extra arguments after `--` go to `build` as they are.
+# name, so the Dockerfile builds unchanged; a base pinned by digest is never made (debootstrap cannot produce a given
+# digest): it must be pulled. podman builds docker-format images (--format docker): the OCI format has no HEALTHCHECK
+# and podman would drop the images'. Extra arguments after `--` go to `build` as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source docker/engine.sh
@@ -32,6 +35,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+if [ "$flavour" = cpu ]; then
+    for lock in requirements/torch-cpu.txt requirements/cpu.txt; do
+        [ -f "$lock" ] || _fail "$lock (the lock the CPU image installs; python requirements/lock.py writes it) is \
+missing from $(pwd)"
+    done
+fi
 args=(build -f "docker/Dockerfile.$flavour" -t "$tag" --build-arg "BASE=$base")
 if [ -n "$torch_from" ]; then
     [ "$flavour" = cpu ] || _fail "--torch-from is for the CPU image (the GPU image's CUDA torch comes from PyPI)"
@@ -39,7 +48,9 @@ if [ -n "$torch_from" ]; then
         torch_from=$(cd "$torch_from" && pwd)
         [ "${ENGINE[0]}" = podman ] || _fail "docker build cannot mount $torch_from: serve it as an index \
 (python -m http.server) and pass its URL, or build with podman (AGENTRL_ENGINE=podman)"
-        ls "$torch_from"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 || _fail "$torch_from has no torch-2.13.0+cpu wheel"
+        torch_pin=$(sed -n 's/^torch==//p' requirements/torch-cpu.txt)
+        ls "$torch_from/torch-$torch_pin-"*.whl >/dev/null 2>&1 || _fail "$torch_from has no torch-$torch_pin wheel \
+(the version requirements/torch-cpu.txt pins)"
         args+=(-v "$torch_from:$torch_from:ro")
     fi
     args+=(--build-arg "TORCH_FROM=$torch_from")
@@ -63,6 +74,8 @@ if [ "${ENGINE[0]}" = podman ]; then
         case "${base%%/*}" in *.*|*:*|localhost) full=$base ;; *) full=docker.io/$base ;; esac
     fi
     if ! "${ENGINE[@]}" image exists "$full" && ! "${ENGINE[@]}" pull -q "$full" >/dev/null 2>&1; then
+        [[ "$base" != *@* ]] || _fail "cannot pull $full: a base pinned by digest must come from a registry \
+(debootstrap cannot make a given digest); reach one, or pass --base without the digest"
         [[ "$base" == debian:bookworm* ]] || _fail "cannot pull $full, and only a debian:bookworm base can be made here"
         command -v debootstrap >/dev/null 2>&1 || _fail "cannot pull $full: reach a registry, or apt-get install debootstrap"
         echo "docker/build.sh: $full cannot be pulled; making it from the Debian archive with debootstrap" >&2
@@ -72,7 +85,7 @@ if [ "${ENGINE[0]}" = podman ]; then
         tar -C "$rootfs" -c . | "${ENGINE[@]}" import -q - "$full" >/dev/null
         rm -rf "$rootfs"
     fi
-    args+=(--pull=never --network host)
+    args+=(--pull=never --network host --format docker)
 fi
 
 echo "+ ${ENGINE[*]} ${args[*]} ${ENGINE_FLAGS[*]} ${extra[*]} ." >&2
