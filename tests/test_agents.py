@@ -147,6 +147,7 @@ def test_load_agent_says_what_is_wrong(tmp_path):
     assert load_agent(f"{ROOT}/examples/math_tool_agent.py:run").__name__ == "run"
 
 
+@pytest.mark.slow  # ~11 s; tests/test_examples.py runs the same agent by its docstring's command in the default run
 def test_example_agent_trains_from_the_cli(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "agentrl.cli", "run", "--agent", "examples/math_tool_agent.py:run",

@@ -135,6 +135,7 @@ def _check_run(tmp_path: Path, proc: subprocess.CompletedProcess) -> None:
     assert rows[0]["env_errors"] == 0
 
 
+@pytest.mark.slow  # ~17 s; tests/test_examples.py runs GuessNumber from its file through the CLI in the default run
 def test_cli_runs_an_env_from_a_file(tmp_path):
     _check_run(tmp_path, _run_guess(tmp_path, "./guess.py:GuessNumber"))
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -64,6 +65,7 @@ def test_eval_through_the_ray_runner_pool(tmp_path):
     assert results["env"]["split"] == "valid_unseen"
 
 
+@pytest.mark.slow  # ~25 s; engine replicas as Ray actors run in the default run in tests/test_engine_workers.py
 def test_eval_with_two_engine_replicas_as_ray_actors(tmp_path):
     """`--engines 2`: engine actors from `build_engines`, as `agentrl run --engines 2` builds them, in the RL loop.
 

@@ -35,6 +35,7 @@ def _run(out_dir, *mode: str) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # ~22 s; the async staleness bound runs in the default run with vLLM (tests/test_vllm.py)
 def test_async_run_stays_within_max_staleness(tmp_path):
     rows = _run(tmp_path / "async", "--async", "--max-staleness", "1")
     assert all(r["staleness_max"] <= 1 for r in rows)
