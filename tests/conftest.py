@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -26,23 +25,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
-
-
-_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
-_sigint_changed_by: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def _report_a_test_that_changes_sigint(request):
-    """Notes the first test after which the suite's process handles SIGINT differently (children inherit SIG_IGN)."""
-    yield
-    if not _sigint_changed_by and signal.getsignal(signal.SIGINT) != _SIGINT_AT_START:
-        _sigint_changed_by.append(f"{request.node.nodeid}: {signal.getsignal(signal.SIGINT)!r}")
-
-
-def pytest_terminal_summary(terminalreporter):
-    if _sigint_changed_by:
-        terminalreporter.write_line(f"note: the SIGINT handler changed during {_sigint_changed_by[0]}")
 
 
 @pytest.fixture(scope="session")

@@ -88,8 +88,8 @@ def _take_terminal() -> None:
     """In the child, after setsid: make stdin (the pseudo-terminal) its controlling terminal, as a login shell's.
 
     SIGINT goes back to its default too, as a shell's foreground job has it: an ignored disposition survives exec, and
-    Python keeps SIGINT ignored when it starts ignored, so a test earlier in the run that left the suite's process
-    ignoring SIGINT made this run ignore Ctrl-C (it failed only in full runs; tests/conftest.py names such a test).
+    Python keeps SIGINT ignored when it starts ignored. A suite started as a background job of a non-interactive shell
+    (`pytest &`) ignores SIGINT, and so did the run under test: it ran on past the Ctrl-C and exited 0.
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
