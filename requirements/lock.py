@@ -94,6 +94,7 @@ def resolve(requirements: list[str], prefer: list[str], torch_from: str | None) 
         torch_from: an index URL or a folder of wheels holding torch's CPU build, for the CPU set; None resolves the
             CUDA set against PyPI alone, with this machine's pip configuration (mirrors, wheel folders) switched off.
     """
+    print(f"resolving {' '.join(requirements)} with pip (a minute or more)...", file=sys.stderr, flush=True)
     env = None
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
