@@ -128,7 +128,9 @@ def test_out_of_turns_grades_the_workspace_as_truncated():
 
 def test_hidden_tests_never_enter_the_agents_workspace_and_tampering_does_not_carry(env):
     env.reset(seed=3)
-    obs, *_ = env.step(call("run_shell", command="ls -la; find / -name '*grader*' 2>/dev/null | head; echo done"))
+    # /usr is the host's system tree, read-only (walking it took over the 10 s call limit on a slower machine).
+    listing = "ls -la; find / \\( -path /usr -o -path /proc -o -path /sys \\) -prune -o -name '*grader*' -print"
+    obs, *_ = env.step(call("run_shell", command=listing + " 2>/dev/null | head; echo done"))
     assert "grader" not in obs.split("done")[0].split("\n", 1)[1] and "done" in obs
     env.step(env.expert_action())
     # The agent plants a fake grader and a background process that would rewrite solution.py later.
