@@ -7,8 +7,8 @@ Everything else lives in submodules named after what they do: `agentrl.engine` (
 (the training loop).
 """
 
-from agentrl.env import ClientSetting, SharedResource, TextEnv, TextSpace
-from agentrl.registry import EnvSpec, UnknownEnvError, make, register, registered, spec
+from agentrl.envs.core import ClientSetting, SharedResource, TextEnv, TextSpace
+from agentrl.envs.registry import EnvSpec, UnknownEnvError, make, register, registered, spec
 
 __version__ = "0.1.0"
 

@@ -27,9 +27,13 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["start_ray", "ClusterError", "ClusterChoice", "choose_address", "find_auth_token", "shipped_code"]
+if TYPE_CHECKING:
+    from agentrl.config import EngineConfig, TrainerConfig
+
+__all__ = ["start_ray", "connect_ray", "check_cpu_workers", "ClusterError", "ClusterChoice", "choose_address",
+           "find_auth_token", "shipped_code"]
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +190,45 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     return True
 
 
+def check_cpu_workers(trainer: TrainerConfig, address: str | None = None) -> None:
+    """Refuse more CPU trainer workers than this machine has cores on a local Ray (a core per worker).
+
+    Raises:
+        ConfigError: naming the count that fits.
+    """
+    from agentrl.config import ConfigError
+
+    cores = os.cpu_count() or 1
+    if address is None and trainer.gpus_per_worker == 0 and trainer.workers > cores:
+        raise ConfigError(f"more workers than devices: --trainers {trainer.workers} on CPU needs a core per worker "
+                          f"and this machine has {cores}. Use --trainers {cores} or fewer, or --ray-address a bigger "
+                          f"cluster")
+
+
+def connect_ray(trainer: TrainerConfig, engine: EngineConfig | None = None, *, runners: int = 0,
+                address: str | None = None) -> bool:
+    """Join the cluster (or start a local Ray) when a command uses one, before any model loads.
+
+    A command uses Ray for trainer workers, env runners, GPU or colocated engines, or engines pinned to a Ray
+    resource. A local Ray gives each CPU trainer worker a logical CPU of its own beside the cores the env runners
+    use, as the driver's training shared the cores with them before.
+
+    Returns:
+        True when this call connected (the caller shuts Ray down again), False when Ray is not needed or was
+        connected already.
+
+    Raises:
+        ConfigError: more CPU trainer workers than cores on a local Ray.
+        ClusterError: the cluster is unreachable or refused this process.
+    """
+    uses_engines = engine is not None and (engine.gpus > 0 or engine.colocate or bool(engine.ray_resource))
+    if trainer.workers == 0 and runners == 0 and not uses_engines:
+        return False
+    check_cpu_workers(trainer, address)
+    cores = os.cpu_count() or 1
+    return start_ray(address, num_cpus=cores + (trainer.workers if trainer.gpus_per_worker == 0 else 0))
+
+
 def _beside_job_env(runtime_env: dict[str, Any]) -> dict[str, Any]:
     """`runtime_env` less what the submitted job's own runtime env sets: ``ray.init`` refuses any overlap.
 
@@ -218,7 +261,7 @@ def _env_code() -> tuple[str, ...]:
     current folder (run outputs and checkpoints included) and move the workers' cwd; a PYTHONPATH in ``env_vars``
     would only reach nodes that share the driver's filesystem.
     """
-    from agentrl.registry import loaded_env_code
+    from agentrl.envs.registry import loaded_env_code
 
     return loaded_env_code()
 

@@ -3,8 +3,8 @@
 Each section is read by the module that owns it: `env` (the registry and the rollout's task seeds), `sampling` and
 `context` (the agent loop, `agentrl.rollout.loop`), `engine` (`agentrl.engine`), `runners` (`agentrl.rollout.pool`),
 `scheduler` (`agentrl.rollout.scheduler`), `trainer` and `optim` (`agentrl.training`), `loss`, `advantage` and `guard`
-(`agentrl.objective`). Set-up resolves them once into a `agentrl.plan.RunPlan`. A YAML file in `configs/` only sets
-values and mirrors the sections::
+(`agentrl.objective`). Set-up resolves them once into a `agentrl.recipes.plan.RunPlan`. A YAML file in `configs/`
+only sets values and mirrors the sections::
 
     model: smollm2-135m
     env: {id: math, kwargs: {level: 2}}
@@ -13,14 +13,17 @@ values and mirrors the sections::
     loss: {name: minirl}
 
 Unknown keys are errors that name the key and list the valid ones: a typo must never silently fall back to a default.
-A key of an earlier layout fails with one line naming its new place (`MOVED_KEYS`).
+A key of an earlier layout fails with one line naming its new place (`MOVED_KEYS`); a key renamed by the current
+release is still read, with a warning naming its new place, until the release written beside it (`RENAMED_KEYS`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,10 +38,13 @@ __all__ = [
     "TrainerConfig", "LoraConfig", "OptimConfig", "LossConfig", "OverlongConfig", "AdvantageConfig", "GuardConfig",
     "LogConfig", "AgentConfig",
     "RunConfig",
-    "MOVED_KEYS",
+    "MOVED_KEYS", "RENAMED_KEYS", "Renamed",
     "ConfigError",
-    "load_config", "apply_overrides", "config_to_dict",
+    "load_config", "apply_overrides", "build_config", "config_to_dict",
 ]
+
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -127,8 +133,8 @@ VLLM_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 class VllmEngineConfig:
     """vLLM's own throughput settings (``--engine.vllm.*``); the defaults are what the engine always used.
 
-    Each one is handed to vLLM's ``LLM(...)`` by `agentrl.engine.vllm.VLLMEngine`; `bench/engine_tuning.py` measures
-    them on the headline command. The HF engine ignores them.
+    Each one is handed to vLLM's ``LLM(...)`` by `agentrl.engine.vllm.VLLMEngine`; `bench/micro/engine_tuning.py`
+    measures them on the headline command. The HF engine ignores them.
     """
 
     block_size: int = 0
@@ -442,28 +448,41 @@ class OptimConfig:
         _require(self.n_minibatches >= 1, "optim.n_minibatches", self.n_minibatches, ">= 1")
 
 
-@dataclass
+OVERLONG_MODES: tuple[str, ...] = ("none", "filter", "penalize")
+"""`OverlongConfig.mode` values (`agentrl.objective.overlong`)."""
+
+
+@dataclass(frozen=True)
 class OverlongConfig:
-    """DAPO's overlong treatment of episodes with a reply cut at its per-turn token budget."""
+    """DAPO's overlong treatment of episodes with a reply cut at its per-turn token budget.
+
+    The run config's ``loss.overlong`` section (`LossConfig`), one definition, read by
+    `agentrl.objective.overlong.apply_overlong`: each field is also a flag (``--loss.overlong.mode``). Left at None,
+    `max_length` is the run's largest per-turn token budget, which the trainer fills in (`dataclasses.replace`)
+    before it calls `apply_overlong`. Kept here rather than in the objective so that reading a config needs no torch.
+    """
 
     mode: str = "none"
     """``filter`` leaves them out of the loss; ``penalize`` subtracts a penalty that ramps over the last
     `cache_length` tokens of the per-turn budget; ``none``: neither."""
     max_length: int | None = None
-    """The response length budget the penalty counts to; None: the run's largest per-turn token budget."""
+    """The response length budget L_max the penalty counts to; None: the run's largest per-turn token budget."""
     cache_length: int = 4096
-    """Penalize: the soft band before the budget where the penalty ramps up (DAPO: 4096 of 20480); at most the
-    budget."""
+    """Penalize: the soft band L_cache before the budget where the penalty ramps up (DAPO: 4096 of 20480); at most
+    the budget."""
     penalty_factor: float = 1.0
     """Penalize: the penalty at and beyond the budget."""
 
     def __post_init__(self) -> None:
-        from agentrl.objective.overlong import OVERLONG_MODES
-
-        _require(self.mode in OVERLONG_MODES, "loss.overlong.mode", self.mode, f"one of {', '.join(OVERLONG_MODES)}")
-        _require(self.cache_length >= 1, "loss.overlong.cache_length", self.cache_length, ">= 1")
-        _require(self.max_length is None or self.max_length >= 1, "loss.overlong.max_length", self.max_length,
-                 ">= 1, or empty for the per-turn token budget")
+        if self.mode not in OVERLONG_MODES:
+            raise ValueError(f"unknown overlong mode {self.mode!r}; choose one of {', '.join(OVERLONG_MODES)}")
+        if self.cache_length < 1:
+            raise ValueError(f"overlong cache_length must be >= 1, got {self.cache_length}")
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError(f"overlong max_length must be >= 1, or empty for the per-turn token budget; "
+                             f"got {self.max_length}")
+        if self.mode == "penalize" and self.max_length is not None and self.cache_length > self.max_length:
+            raise ValueError(f"cache_length must be in (0, max_length]; got {self.cache_length}")
 
 
 @dataclass
@@ -482,7 +501,7 @@ class LossConfig:
     """The pi_old recompute pass: ``auto`` skips it when the update's own forward gives exactly pi_old (one
     mini-batch per rollout, so the weights are not updated before the loss reads them, and no Routing Replay
     strategy that reads the pass): the update's log-probs, detached, stand for pi_old and it reports the entropy.
-    The same loss and gradient for a forward pass less (1.19x per step in bench/trainer_step_passes.py).
+    The same loss and gradient for a forward pass less (1.19x per step in bench/micro/trainer_step_passes.py).
     ``on``: always recompute."""
     kl_reward_coef: float = 0.0
     """KL(pi_old || pi_ref) as a reward penalty: R -= coef * sum_t k(log pi_old, log pi_ref) (0: off). A frozen copy
@@ -518,41 +537,30 @@ class LossConfig:
 
 @dataclass
 class AdvantageConfig:
-    """The advantage estimator and its options; an option left empty takes the estimator's own default."""
+    """The advantage estimator and its options (see `agentrl.objective.advantages`)."""
 
-    name: str = "group_mean"
+    estimator: str = "group_mean"
     """group_mean (MiniRL), grpo, loo, low_success_weight, passk, or gigpo (step-level advantages from anchor states
     shared across the episodes of a task; multi-turn envs). A group of one response gets advantage 0."""
-    boost: float | None = None
-    """low_success_weight: positives are scaled by 1 + boost * (1 - the group's success rate)."""
-    success_threshold: float | None = None
-    """low_success_weight, passk: the reward that counts as a success."""
-    k: int | None = None
-    """passk: the k of pass@k (needs `scheduler.group_size` >= k)."""
-    normalize: bool | None = None
-    """passk: normalise the advantages."""
-    gamma: float | None = None
-    """gigpo: discount of the step returns, in [0, 1]."""
-    step_weight: float | None = None
-    """gigpo: weight of the step-level advantage added to the episode-level one."""
-    normalize_std: bool | None = None
-    """gigpo: divide by the group's standard deviation."""
-    eps: float | None = None
-    """grpo, gigpo: added to the standard deviation."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The estimator's own options, e.g. ``{gamma: 0.9}`` for gigpo or ``{k: 8}`` for passk (each estimator declares
+    and checks its names and types); what is left out takes the estimator's default."""
 
-    def options(self) -> dict[str, Any]:
-        """The options set here, as the estimator's keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "name" and getattr(self, f.name) is not None}
+    def typed_options(self) -> Any:
+        """The estimator's frozen options dataclass: `options` over its defaults (e.g. `GiGPOOptions`)."""
+        from agentrl.objective import advantage_options
+
+        return advantage_options(self.estimator, **self.options)
 
     def __post_init__(self) -> None:
-        from agentrl.objective import TURN_ESTIMATORS, check_turn_advantage_options
+        from agentrl.objective import ADVANTAGES
 
-        _require(self.name in TURN_ESTIMATORS, "advantage.name", self.name, f"one of {', '.join(TURN_ESTIMATORS)}")
-        try:
-            check_turn_advantage_options(self.name, self.options())
+        _require(self.estimator in ADVANTAGES, "advantage.estimator", self.estimator,
+                 f"one of {', '.join(ADVANTAGES)}")
+        try:  # the estimator owns its option names and values: build them once now rather than fail at step 0
+            self.typed_options()
         except ValueError as e:
-            raise ConfigError(f"advantage: {e}") from None
+            raise ConfigError(f"advantage.options: {e}") from None
 
 
 @dataclass
@@ -596,7 +604,7 @@ class LogConfig:
     """Episodes per step in the trackers' trajectory table, one group after another (0 = no table)."""
 
     def __post_init__(self) -> None:
-        from agentrl.trackers import TRACKERS, tracker_names
+        from agentrl.trackers.registry import TRACKERS, tracker_names
 
         self.trackers = tracker_names(self.trackers)  # "wandb,mlflow" in one entry is two trackers
         unknown = [name for name in self.trackers if name not in TRACKERS]
@@ -607,7 +615,7 @@ class LogConfig:
 
 @dataclass
 class AgentConfig:
-    """Agents written against the OpenAI API as the rollout (``--agent``; see `agentrl.serve.agents`)."""
+    """Agents written against the OpenAI API as the rollout (``--agent``; see `agentrl.rollout.agents`)."""
 
     function: str = ""
     """``package.module:function`` or ``path/to/file.py:function``, called as ``run(task, base_url)`` per episode
@@ -634,6 +642,8 @@ class RunConfig:
 
     MOVED: ClassVar[dict[str, str]]
     """Keys of earlier layouts and where they live now (`MOVED_KEYS`, set below it)."""
+    RENAMED: ClassVar[dict[str, Renamed]]
+    """Keys the current release renamed, still read until a later one (`RENAMED_KEYS`, set below it)."""
 
     model: str = "smollm2-135m"
     """A built-in (smollm2-135m, tiny-qwen3, tiny-qwen3-moe), a local Hugging Face folder, or a hub id."""
@@ -689,14 +699,13 @@ class RunConfig:
                  "trainers train, so it cannot roll out meanwhile): drop --async, or use the split layout")
         _require(not (self.agent.function and self.scheduler.async_rollout), "scheduler.async_rollout",
                  self.scheduler.async_rollout, "false with --agent (agent rollouts are lockstep): drop --async")
-        if self.advantage.name == "passk":  # Pass@k compares k episodes of one group: it needs at least k of them
-            import inspect
+        from agentrl.objective import ADVANTAGES
 
-            from agentrl.objective import ADVANTAGES
-
-            k = self.advantage.k or inspect.signature(ADVANTAGES["passk"].fn).parameters["k"].default
-            _require(self.scheduler.group_size >= k, "scheduler.group_size", self.scheduler.group_size,
-                     f">= {k} with advantage.name passk (pass@{k} needs {k} episodes per group)")
+        # An estimator that compares k episodes of a group (passk) needs at least k of them
+        needed = ADVANTAGES[self.advantage.estimator].min_group_size(self.advantage.typed_options())
+        _require(self.scheduler.group_size >= needed, "scheduler.group_size", self.scheduler.group_size,
+                 f">= {needed} with advantage.estimator {self.advantage.estimator} (it needs {needed} episodes per "
+                 f"group)")
 
 
 MOVED_KEYS: dict[str, str] = {
@@ -723,8 +732,8 @@ MOVED_KEYS: dict[str, str] = {
     "rollout.ray_address": "ray_address",
     **{f"rollout.{k}": f"context.{k}" for k in ("observation_role", "recap_actions", "chat_family",
                                                  "max_new_tokens_by_turn", "enable_thinking")},
-    "loss.advantage": "advantage.name",
-    "loss.advantage_options": "advantage (one key per option, e.g. advantage.gamma)",
+    "loss.advantage": "advantage.estimator",
+    "loss.advantage_options": "advantage.options (e.g. advantage.options.gamma)",
     "loss.n_minibatches": "optim.n_minibatches",
     "loss.micro_batch_tokens": "trainer.micro_batch_tokens",
     "loss.micro_batch_size": "trainer.micro_batch_size",
@@ -737,6 +746,30 @@ MOVED_KEYS: dict[str, str] = {
 }
 """Keys of earlier config layouts and where they live now: a YAML that still uses one fails with one line."""
 RunConfig.MOVED = MOVED_KEYS
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """A key the current release renamed: still read, with a warning naming its new place, until `removed_in`."""
+
+    new: str
+    """Its dotted place now (``advantage.options.gamma``)."""
+    removed_in: str
+    """The release that stops reading it; it then moves to `MOVED_KEYS`, which refuses it in one line."""
+    type: Any = str
+    """Its value's type: its ``--flag`` (generated by `agentrl.cli.flags`) is typed by it."""
+
+
+RENAMED_KEYS: dict[str, Renamed] = {
+    # 0.2 (issue 40): the advantage section became the estimator and its options, typed by the estimator.
+    "advantage.name": Renamed("advantage.estimator", "0.3"),
+    **{f"advantage.{key}": Renamed(f"advantage.options.{key}", "0.3", tp) for key, tp in (
+        ("boost", float), ("success_threshold", float), ("k", int), ("normalize", bool), ("gamma", float),
+        ("step_weight", float), ("normalize_std", bool), ("eps", float))},
+}
+"""Keys renamed by the current release (old dotted key -> `Renamed`): a YAML file, ``apply_overrides`` (so the flags
+too) and a saved run still read them, each with one warning line; the release `Renamed.removed_in` removes them."""
+RunConfig.RENAMED = RENAMED_KEYS
 
 
 def _old_keys(values: dict[str, Any], moved_keys: dict[str, str]) -> list[tuple[str, dict[str, Any], str]]:
@@ -761,6 +794,44 @@ def _moved_key(cls: type, values: dict[str, Any]) -> str | None:
     if isinstance(values.get("rollout"), dict) and "rollout" not in {f.name for f in dataclasses.fields(cls)}:
         return "the rollout section is gone: its keys moved to sampling, engine, runners, scheduler, context and env"
     return None
+
+
+def _rename(values: dict[str, Any], renamed: dict[str, Renamed]) -> tuple[dict[str, Any], list[str]]:
+    """`values` with every key of `renamed` present moved to its new place; and the old keys found.
+
+    `values` is not modified. A None under an old key is dropped: a run saved by the release before wrote every
+    option of the flat advantage section, None for those left unset.
+
+    Raises:
+        ConfigError: an old key and its new place both set, to different values.
+    """
+    found = _old_keys(values, renamed)
+    if not found:
+        return values, []
+    values = copy.deepcopy(values)
+    olds = []
+    for old, node, leaf in _old_keys(values, renamed):
+        value, new = node.pop(leaf), renamed[old].new
+        olds.append(old)
+        if value is None:
+            continue
+        *parents, new_leaf = new.split(".")
+        target = values
+        for i, part in enumerate(parents):
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{'.'.join(parents[: i + 1])}: expected a mapping, got {target!r}")
+        if new_leaf in target and target[new_leaf] != value:
+            raise ConfigError(f"{old} and {new} are one setting, set twice ({old} is its name before "
+                              f"{renamed[old].removed_in}): keep {new}")
+        target[new_leaf] = value
+    return values, olds
+
+
+def _warn_renamed(old: str, renamed: dict[str, Renamed]) -> None:
+    """One warning line: the key's new place, and the release that stops reading the old one."""
+    logger.warning("%s is now %s (%s is read until %s, which removes it)", old, renamed[old].new, old,
+                   renamed[old].removed_in)
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -805,6 +876,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
     if hasattr(cls, "MOVED") and (moved := _moved_key(cls, values)):
         raise ConfigError(moved)
+    if getattr(cls, "RENAMED", None):
+        values, olds = _rename(values, cls.RENAMED)
+        for old in olds:
+            _warn_renamed(old, cls.RENAMED)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
@@ -815,7 +890,12 @@ def _build(cls: type, values: dict[str, Any], where: str = "") -> Any:
         valid = ", ".join(sorted(names))
         raise ConfigError(f"unknown config key {prefix}{unknown[0]!r}.{hint} Valid keys here: {valid}")
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in values.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as e:  # a section defined by the module that owns it (loss.overlong) checks with ValueError
+        raise ConfigError(f"{where}: {e}" if where else str(e)) from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -832,11 +912,14 @@ def read_run_config(path: str | Path) -> tuple[RunConfig, list[str]]:
     """The config.yaml a run folder saved, in the earlier layout too; and the keys that moved, as ``old -> new``.
 
     A config a user writes must use the current layout (an old key is an error naming its new place), but a run
-    saved before the sections were sorted by owner must still resume and evaluate: its keys are moved here.
+    saved before the sections were sorted by owner must still resume and evaluate: its keys are moved here, and the
+    keys of `RENAMED_KEYS` too (without the warnings a config a user writes gets).
     """
     p = Path(path)
     values, moved = upgrade_layout(_read_mapping(p, "config sections"), MOVED_KEYS)
     try:
+        values, renamed = _rename(values, RENAMED_KEYS)
+        moved += [f"{old} -> {RENAMED_KEYS[old].new}" for old in renamed]
         return _build(RunConfig, values), moved
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
@@ -845,7 +928,7 @@ def read_run_config(path: str | Path) -> tuple[RunConfig, list[str]]:
 def upgrade_layout(values: dict[str, Any], moved_keys: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     """`values` with every key of `moved_keys` (``old.dotted -> new.dotted``) moved to its new place.
 
-    ``loss.advantage_options`` spreads into the `advantage` section's fields; a section left empty goes.
+    ``loss.advantage_options`` becomes ``advantage.options``; a section left empty goes.
 
     Returns:
         The upgraded mapping and the moves made, as ``old -> new`` lines.
@@ -855,9 +938,10 @@ def upgrade_layout(values: dict[str, Any], moved_keys: dict[str, str]) -> tuple[
     for old, node, leaf in _old_keys(values, moved_keys):
         new = moved_keys[old]
         value = node.pop(leaf)
-        if old == "loss.advantage_options":
-            values.setdefault("advantage", {}).update(value or {})
-            moves.append(f"{old} -> advantage.*")
+        if old == "loss.advantage_options":  # merged with any options the advantage section has
+            advantage = values.setdefault("advantage", {})
+            advantage["options"] = {**(advantage.get("options") or {}), **(value or {})}
+            moves.append(f"{old} -> advantage.options")
             continue
         new_section, _, new_leaf = new.rpartition(".")
         (values.setdefault(new_section, {}) if new_section else values)[new_leaf] = value
@@ -908,15 +992,46 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
-def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Set dotted keys (``"scheduler.group_size": 4``) of a config (`RunConfig`, `SFTConfig`), as CLI flags do.
+def build_config(cls: type, overrides: dict[str, Any]) -> Any:
+    """A `cls` config from its defaults and dotted keys (``"env.max_turns": 15``), as a command's flags give them.
 
-    None values are skipped; the result is checked as a loaded file is.
+    Unlike `apply_overrides` this needs no config to start from, so a root with a required field (`EvalConfig`'s
+    ``model``) builds too, once the keys set it. None values are skipped; renamed keys (``RENAMED``) set their new
+    place with one warning line; the result is checked as a loaded file is.
+
+    Raises:
+        ConfigError: an unknown key or a bad value, naming it.
     """
-    data = config_to_dict(cfg)
+    values: dict[str, Any] = {}
+    renamed = getattr(cls, "RENAMED", {})
     for dotted, value in overrides.items():
         if value is None:
             continue
+        if dotted in renamed:
+            _warn_renamed(dotted, renamed)
+            dotted = renamed[dotted].new
+        node = values
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return _build(cls, values)
+
+
+def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Set dotted keys (``"scheduler.group_size": 4``) of a config (`RunConfig`, `SFTConfig`), as CLI flags do.
+
+    None values are skipped; the result is checked as a loaded file is. A key of the config's ``RENAMED`` table
+    (`RENAMED_KEYS`: ``--advantage.gamma``) sets its new place, with one warning line.
+    """
+    data = config_to_dict(cfg)
+    renamed = getattr(type(cfg), "RENAMED", {})
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        if dotted in renamed:
+            _warn_renamed(dotted, renamed)
+            dotted = renamed[dotted].new
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:

@@ -1,10 +1,11 @@
 """What every agentrl HTTP server does before a request reaches its app: the checks that trust no client.
 
-Both servers (`agentrl env serve`, `agentrl.env_server`; `agentrl serve`, `agentrl.serve`) run on uvicorn behind
-`HttpGuard`, and build their listening socket and uvicorn server here, so they promise the same things:
+The servers (`agentrl env serve`, `agentrl.envs.server`; `agentrl serve`, `agentrl.serve`; WebShop's pages,
+`agentrl.envs.webshop.server`) run on uvicorn behind `HttpGuard`, started by `agentrl.http_server`, which builds
+their listening socket and uvicorn server here, so they promise the same things. What it does, spelled out:
 
     limits = HttpLimits(max_body_bytes=8 * 2**20)
-    check_bind(host, token, token_flag="--token", env_var="AGENTRL_ENV_TOKEN", error=ServeError)
+    check_bind(host, token, token_flag="--token", env_var="AGENTRL_ENV_TOKEN", error=ServeError)  # the server's own
     app = HttpGuard(app, allowed_hosts=allowed_hosts(host, extra_hosts), limits=limits, token=token,
                     open_paths=("/health",))
     server = uvicorn_server(app, limits=limits)
@@ -29,7 +30,7 @@ never a traceback):
    `HttpLimits.body_timeout` (408). The body is read here, whole, before the app runs, so the app never waits on a
    slow client; both servers take JSON bodies of a few MiB at most, which FastAPI would buffer anyway.
 5. **WebSocket frames**: larger than `HttpLimits.ws_max_size` are closed by uvicorn with 1009; what a frame holds
-   (binary, too deep) is the app's to answer (`agentrl.env_server` closes with 1003 / 1007 and an OpenEnv error).
+   (binary, too deep) is the app's to answer (`agentrl.envs.server` closes with 1003 / 1007 and an OpenEnv error).
 
 `uvicorn_server` sets the rest: keep-alive timeout, concurrency limit (503 above it), WebSocket queue and pings.
 The header checks subclass uvicorn's HTTP protocol (httptools, or h11 when httptools is missing): uvicorn has no

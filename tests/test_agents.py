@@ -16,8 +16,10 @@ from conftest import ROOT  # noqa: E402
 
 from agentrl.config import ConfigError  # noqa: E402
 from agentrl.engine.base import SamplingParams  # noqa: E402
+from agentrl.rollout.agents import AgentRollout, load_agent  # noqa: E402
+from agentrl.rollout.driver import RolloutDriver  # noqa: E402
 from agentrl.rollout.pool import EnvMaker  # noqa: E402
-from agentrl.serve.agents import AgentRollout, load_agent  # noqa: E402
+from agentrl.serve.server import session_url  # noqa: E402
 
 
 def _ask(task, base_url):
@@ -75,6 +77,7 @@ def test_groups_and_trajectories_from_sessions(tiny_qwen3):
     assert trajs[0].turns[0].prompt_ids == trajs[1].turns[0].prompt_ids
     assert trajs[0].turns[0].generated_ids != trajs[1].turns[0].generated_ids
     assert result.stats.metrics()["agent_calls_per_episode"] == 1.0 and result.stats.errors == 0
+    assert isinstance(rollout, RolloutDriver) and rollout.stale_groups_evicted == 0  # the train loop's whole view
 
 
 @pytest.mark.parametrize("fn, kind, metric", [
@@ -122,11 +125,12 @@ def test_a_timed_out_session_is_closed(tiny_qwen3):
     rollout = _rollout(tiny_qwen3, _ask)
     try:
         rollout._closed_sessions.add("gone")
-        client = openai.OpenAI(base_url=rollout.server.session_url("gone"), api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=session_url(rollout.server.address, "gone"), api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as err:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert err.value.status_code == 409 and "closed" in err.value.body["message"]
-        stranger = openai.OpenAI(base_url=rollout.server.session_url("never-started"), api_key="x", max_retries=0)
+        stranger = openai.OpenAI(base_url=session_url(rollout.server.address, "never-started"), api_key="x",
+                                 max_retries=0)
         with pytest.raises(openai.APIStatusError):
             stranger.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     finally:

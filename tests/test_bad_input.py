@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 from typer.testing import CliRunner
 
-from agentrl.cli import app
+from agentrl.cli.main import app
 
 TINY_RUN = ["--model", "tiny-qwen3", "--steps", "1", "--group-size", "2", "--prompts-per-step", "1",
             "--max-new-tokens", "8"]
@@ -130,7 +130,8 @@ def test_run_bad_flags(tmp_path, args, fragments):
     ("loss: {options: {eps_hi: 0.3}}\n", ["unknown option(s) 'eps_hi'", "eps_high"]),
     ("loss: {options: {eps_high: abc}}\n", ["eps_high must be a number, got 'abc'"]),
     ("loss: {options: 5}\n", ["loss.options: expected a mapping"]),
-    ("advantage: {name: nosuch}\n", ["advantage.name must be one of", "group_mean"]),
+    ("advantage: {estimator: nosuch}\n", ["advantage.estimator must be one of", "group_mean"]),
+    ("advantage: {estimator: grpo, options: {epsilon: 0.1}}\n", ["unknown option(s) 'epsilon'", "valid options: eps"]),
     ("loss: {routing_replay: r4}\n", ["loss.routing_replay must be one of none, r2, r3"]),
     ("env: {kwargs: 5}\n", ["env.kwargs: expected a mapping"]),
     ("env: {seed_offset: -1}\n", ["env.seed_offset must be >= 0"]),
@@ -148,9 +149,9 @@ def test_run_bad_config_file(tmp_path, yaml_file, text, fragments):
 
 
 def test_run_passk_needs_big_enough_groups(tmp_path, yaml_file):
-    config = yaml_file("advantage: {name: passk}\n")
+    config = yaml_file("advantage: {estimator: passk}\n")
     assert_clean_failure(*cli("run", *TINY_RUN, "--config", config, "--output", str(tmp_path / "run")),
-                         "scheduler.group_size must be >= 4 with advantage.name passk")
+                         "scheduler.group_size must be >= 4 with advantage.estimator passk")
 
 
 def test_run_missing_config_and_unusable_output(tmp_path):
@@ -182,7 +183,7 @@ def test_eval_bad_input(tmp_path):
     assert_clean_failure(*cli("eval", "--env", "math", "--model", str(tmp_path / "no-checkpoint"), "--output", out),
                          "unknown model", "no config.json")
     assert_clean_failure(*cli("eval", "--env", "math", "--model", "tiny-qwen3", "--seed-offset", "-1"),
-                         "--seed-offset must be >= 0")
+                         "env.seed_offset must be >= 0")
     assert_clean_failure(*cli("eval", "--env", "math", "--model", "tiny-qwen3", "--k", "4", "--samples-per-task",
                               "2"), "pass@4 needs at least 4 samples per task")
     assert_clean_failure(*cli("eval", "--env", "math", "--model", "tiny-qwen3", "--env-arg",

@@ -1,5 +1,5 @@
-"""bench/engine_tuning.py: the prefill replay and the bound on hand-worked numbers, the run order, custom variants,
-and (slow) the --smoke bench end to end in a subprocess."""
+"""bench/micro/engine_tuning.py: the prefill replay and the bound on hand-worked numbers, the run order, custom
+variants, and (slow) the --smoke bench end to end in a subprocess."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "engine_tuning.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "micro" / "engine_tuning.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""bench/limits.py --smoke runs end to end in a subprocess and writes every part's numbers, all positive."""
+"""bench/micro/limits.py --smoke runs end to end in a subprocess and writes every part's numbers, all positive."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "limits.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "micro" / "limits.py"
 
 
 @pytest.mark.slow

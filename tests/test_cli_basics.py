@@ -183,8 +183,8 @@ def test_log_level_debug_shows_agentrl_debug_lines_and_the_default_does_not(tmp_
     loud = agentrl_cli("--log-level", "debug", "envs", "list", cwd=tmp_path)
     from_env = agentrl_cli("envs", "list", cwd=tmp_path, env={"AGENTRL_LOG_LEVEL": "DEBUG"})
     assert quiet.returncode == loud.returncode == from_env.returncode == 0, quiet.stderr + loud.stderr
-    assert "DEBUG agentrl.registry: env entry points" in loud.stderr
-    assert "DEBUG agentrl.registry: env entry points" in from_env.stderr
+    assert "DEBUG agentrl.envs.registry: env entry points" in loud.stderr
+    assert "DEBUG agentrl.envs.registry: env entry points" in from_env.stderr
     assert "DEBUG" not in quiet.stderr and quiet.stdout == loud.stdout
     wrong = agentrl_cli("--log-level", "loud", "envs", "list")
     assert wrong.returncode == 2 and "unknown log level 'loud'" in wrong.stderr
@@ -230,7 +230,7 @@ def test_keyboard_interrupt_outside_a_run_exits_130(monkeypatch):
     # here the dispatcher's own mapping, for every other command.
     from typer.testing import CliRunner
 
-    from agentrl import cli
+    from agentrl.cli.main import app
 
     def interrupted() -> None:
         raise KeyboardInterrupt
@@ -238,7 +238,7 @@ def test_keyboard_interrupt_outside_a_run_exits_130(monkeypatch):
     import agentrl.cli.doctor as doctor
 
     monkeypatch.setattr(doctor, "collect", lambda model=None: interrupted())
-    assert CliRunner().invoke(cli.app, ["doctor"]).exit_code == 130
+    assert CliRunner().invoke(app, ["doctor"]).exit_code == 130
 
 
 @pytest.mark.parametrize("level", ["debug", "warning"])

@@ -1,4 +1,5 @@
-"""`agentrl run`'s flags come from the config dataclasses: every field has one, aliases resolve, help in sections.
+"""Every config command's flags come from its config dataclasses: every field has one, aliases resolve, help in
+sections, the same for ``run``, ``sft``, ``eval``, ``serve`` and ``env serve``.
 
 The config tree is walked here independently of `agentrl.cli.flags`, so a field the generator misses fails a test.
 Everything runs in-process and fails before a model loads, except the one `--help` subprocess.
@@ -7,6 +8,7 @@ Everything runs in-process and fails before a model loads, except the one `--hel
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -21,8 +23,19 @@ import yaml
 from conftest import ROOT
 from typer.testing import CliRunner
 
-from agentrl.cli import app
-from agentrl.cli.flags import ALIASES, EVERYDAY, ConfigCommand, config_options, first_sentence, run_command, sections
+from agentrl.cli.flags import (
+    ALIASES,
+    COMMANDS,
+    EVERYDAY,
+    ConfigCommand,
+    config_command,
+    config_options,
+    first_sentence,
+    root_of,
+    run_command,
+    sections,
+)
+from agentrl.cli.main import app
 from agentrl.config import ConfigError, RunConfig
 
 
@@ -43,7 +56,7 @@ def leaf_fields(cls: type, prefix: str = "") -> dict[str, Any]:
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out |= leaf_fields(tp, f"{prefix}{f.name}.")
-        elif f.init:
+        elif f.init and f.metadata.get("flag", True):  # flag: False, a field set by a flag of its own (--protocol)
             out[prefix + f.name] = tp
     return out
 
@@ -145,7 +158,7 @@ def test_an_alias_to_a_missing_field_raises():
 
 
 def test_everyday_flags_exist_and_flags_are_unique():
-    from agentrl.cli import _run_options
+    from agentrl.cli.train import _run_options
 
     command = run_command(lambda **_: None, _run_options(), help="")
     names = [name for p in command.params for name in (*p.opts, *p.secondary_opts)]
@@ -168,6 +181,22 @@ def test_the_flags_the_old_run_command_took_still_parse():
         "trainer.workers": 2, "trainer.gpus_per_worker": 1.0, "engine.gpus": 0.5, "engine.colocate": False,
         "scheduler.async_rollout": True, "scheduler.max_staleness": 2, "scheduler.sync_every": 2,
         "env.max_turns": 15, "optim.lr": 1e-6, "loss.name": "grpo", "seed": 3}
+
+
+def test_the_renamed_advantage_flags_still_parse_until_they_are_removed():
+    """``--advantage.name`` and the flat option flags of 0.1 keep working (hidden from the help) until 0.3."""
+    from agentrl.config import RENAMED_KEYS, apply_overrides
+
+    overrides = parse("--advantage.name", "passk", "--advantage.k", "2", "--advantage.no-normalize",
+                      "--advantage.success-threshold", "1")
+    assert overrides == {"advantage.name": "passk", "advantage.k": 2, "advantage.normalize": False,
+                         "advantage.success_threshold": 1.0}
+    cfg = apply_overrides(RunConfig(), overrides)
+    assert cfg.advantage.estimator == "passk"
+    assert cfg.advantage.options == {"k": 2, "normalize": False, "success_threshold": 1.0}
+    command = ConfigCommand("run", RunConfig, ALIASES, (), [], callback=lambda overrides: overrides)
+    text = command.get_help(click.Context(command))
+    assert "--advantage.estimator" in text and all(f"--{old.replace('_', '-')} " not in text for old in RENAMED_KEYS)
 
 
 def test_yaml_values_and_optional_scalars():
@@ -325,3 +354,143 @@ def test_first_sentence():
     assert first_sentence("Cap on calls. Envs end\n    first.") == "Cap on calls."
     assert first_sentence("Options, e.g. ``{boost: 2.0}`` (low). More.") == "Options, e.g. `{boost: 2.0}` (low)."
     assert first_sentence("") == ""
+
+
+# -- every config command: eval, serve, env serve as run and sft -----------------------------------------------------
+
+
+def parse_for(name: str, *argv: str) -> dict[str, Any]:
+    """The overrides command `name` (`COMMANDS`) hands its body for `argv` (its own options left out)."""
+    seen: dict[str, Any] = {}
+    command = config_command(name, lambda overrides, **_: seen.update(overrides), [], help="")
+    command.main(list(argv), standalone_mode=False)
+    return seen
+
+
+COMMAND_FIELDS = [(name, path, tp) for name in COMMANDS for path, tp in sorted(leaf_fields(root_of(name)).items())]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_has_one_documented_flag_per_config_field(name):
+    root = root_of(name)
+    options = config_options(root, COMMANDS[name].aliases)
+    assert sorted(opt.path for opt in options) == sorted(leaf_fields(root))
+    for opt in options:
+        assert opt.opts[0] == "--" + opt.path.replace("_", "-")
+        assert opt.help, f"agentrl {name}: {opt.path} has no docstring, so its flag would have no help"
+
+
+@pytest.mark.parametrize("name, path, tp", [case for case in COMMAND_FIELDS if case[0] != "run"],
+                         ids=[f"{n}:{p}" for n, p, _ in COMMAND_FIELDS if n != "run"])
+def test_each_commands_flag_lands_in_its_dotted_key_with_its_type(name, path, tp):
+    value = sample(tp)
+    overrides = parse_for(name, *argv_for(path, value))
+    assert overrides == {path: value} and type(overrides[path]) is type(value)
+    if strip_optional(tp) is bool:
+        off = path.rpartition(".")[0] + ".no-" + path.rpartition(".")[2] if "." in path else "no-" + path
+        assert parse_for(name, "--" + off.replace("_", "-")) == {path: False}
+
+
+@pytest.mark.parametrize("name, alias, path", [(n, a, p) for n in COMMANDS for a, p in COMMANDS[n].aliases.items()])
+def test_every_commands_aliases_resolve_to_its_fields(name, alias, path):
+    fields = leaf_fields(root_of(name))
+    assert path in fields, f"agentrl {name}: {alias} points at {path!r}, not a field of its config"
+    if "/" in alias:
+        on, off = alias.split("/")
+        assert parse_for(name, on) == {path: True} and parse_for(name, off) == {path: False}
+    else:
+        value = sample(fields[path])
+        assert parse_for(name, alias, *argv_for(path, value)[1:]) == {path: value}
+
+
+def test_the_eval_flags_the_docs_use_parse_to_their_fields():
+    assert parse_for("eval", "--env", "math", "--model", "m", "--k", "1,4,8", "--max-turns", "15", "--seed-offset",
+                     "5", "--temperature", "0.4", "--top-k", "20", "--no-thinking", "--log", "wandb,mlflow") == {
+        "env.id": "math", "model": "m", "ks": [1, 4, 8], "env.max_turns": 15, "env.seed_offset": 5,
+        "sampling_overrides.temperature": 0.4, "sampling_overrides.top_k": 20, "thinking": False,
+        "log.trackers": ["wandb,mlflow"]}
+    with pytest.raises(click.BadParameter, match="comma-separated integers"):
+        parse_for("eval", "--k", "1,x")
+
+
+def test_each_default_is_stated_once_in_the_config():
+    """eval plays 20 model calls per episode from seed 1,000,000 (RL: 50 from 0), set in `EvalEnvConfig` alone."""
+    from agentrl.cli.evaluate import eval_config
+    from agentrl.recipes.evaluate import EVAL_SEED_OFFSET, EvalConfig, eval_env
+
+    cfg = eval_config({"model": "m", "env.id": "gui"})
+    assert (cfg.env.max_turns, cfg.env.seed_offset) == (20, EVAL_SEED_OFFSET) == (EvalConfig("m").env.max_turns,
+                                                                                  eval_env("gui").seed_offset)
+    for name in COMMANDS:  # no generated flag carries a default of its own: a flag not given sets nothing
+        assert all(opt.default is None for opt in config_options(root_of(name), COMMANDS[name].aliases))
+
+
+@pytest.mark.parametrize("name, module", [("serve", "agentrl.serve.server"), ("env serve", "agentrl.envs.remote")])
+def test_the_servers_tokens_are_read_from_their_environment_variables(monkeypatch, name, module):
+    import importlib
+
+    monkeypatch.setenv(importlib.import_module(module).TOKEN_ENV_VAR, "t0ken")
+    assert parse_for(name) == {"token": "t0ken"}
+    assert parse_for(name, "--token", "given") == {"token": "given"}
+
+
+# -- the same config values reach the recipes as before the flags were generated --------------------------------
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    """A config as JSON data, the sampling overrides as the settings given, a protocol as its name and overrides."""
+    data = json.loads(json.dumps(dataclasses.asdict(cfg), default=repr))
+    if "sampling_overrides" in data:
+        data["sampling_overrides"] = {k: v for k, v in data["sampling_overrides"].items() if v is not None}
+    if data.get("protocol"):
+        data["protocol"] = {"name": cfg.protocol.protocol.name, "overrides": data["protocol"]["overrides"]}
+    return data
+
+
+RECORDED = json.loads((ROOT / "tests" / "data" / "cli_configs.json").read_text())
+"""Command lines of the README, docs and tests, and the config each one built with the hand-typed typer options of
+0.2 (captured before the flags were generated from the configs)."""
+
+
+@pytest.mark.parametrize("name, case", [(name, case) for name, cases in RECORDED.items() for case in cases],
+                         ids=[f"{name}:{' '.join(c['argv'])[:60]}" for name, cases in RECORDED.items() for c in cases])
+def test_the_same_command_line_builds_the_same_config_as_before(monkeypatch, name, case):
+    import agentrl.envs.server
+    import agentrl.recipes.evaluate
+    import agentrl.recipes.report
+    import agentrl.recipes.serve
+
+    got: list[Any] = []
+    for module, attr in ((agentrl.recipes.evaluate, "evaluate"), (agentrl.recipes.serve, "serve"),
+                         (agentrl.envs.server, "serve")):
+        monkeypatch.setattr(module, attr, lambda cfg, *_, **__: got.append(cfg))
+    monkeypatch.setattr(agentrl.recipes.report, "print_results", lambda *_: None)
+    result = CliRunner().invoke(app, [*name.split(), *case["argv"]], env=case.get("env", {}))
+    assert result.exit_code == 0 and len(got) == 1, (result.output, result.exception)
+    assert _plain(got[0]) == case["config"]
+
+
+# -- one help style for every command -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_config_commands_help_reads_as_sections(name):
+    result = CliRunner().invoke(app, [*name.split(), "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Usage:") and "Everyday:" in lines and "General:" in lines
+    for section in sections(root_of(name))[1:]:
+        assert any(line.startswith(f"{section.path}: ") for line in lines), (name, section.path)
+    for opt in config_options(root_of(name), COMMANDS[name].aliases):
+        assert opt.names(only=opt.opts[0]).split()[0] in result.stdout, (name, opt.path)
+    for flag in COMMANDS[name].everyday:
+        assert any(line.lstrip().startswith(flag.partition("/")[0]) for line in lines), (name, flag)
+    assert "\u256d" not in result.stdout  # no rich box
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["play", "--help"], ["envs", "list", "--help"],
+                                  ["webshop", "serve", "--help"], ["inspect", "--help"]])
+def test_the_other_commands_help_is_clicks_too(argv):
+    result = CliRunner().invoke(app, argv, terminal_width=100)
+    assert result.exit_code == 0 and result.stdout.startswith("Usage:"), result.output
+    assert "\u256d" not in result.stdout and "Options:" in result.stdout  # click's sections, no rich boxes

@@ -28,7 +28,7 @@ import yaml
 from conftest import ROOT
 
 from agentrl.cluster import ClusterError, _beside_job_env, choose_address, start_ray
-from agentrl.plan import RunPlan
+from agentrl.recipes.plan import ClusterPlan
 
 EXAMPLES = ROOT / "examples"
 
@@ -95,11 +95,8 @@ def test_the_job_runtime_env_is_left_to_the_job(monkeypatch):
 
 
 def test_the_plan_says_how_the_cluster_was_chosen():
-    plan = RunPlan(engine="hf", engine_why="", engine_dtype="float32", engine_replicas=1, observation_role="user",
-                   context_why="", context_tokens=64, kv_cache_gib=0.0, kv_note="", trainer="single",
-                   trainer_workers=0, dtype="float32", gradient_checkpointing=False, peak_gib=1.0, limit_gib=2.0,
-                   ray="127.0.0.1:6379", placement="",
-                   ray_why="joins 127.0.0.1:6379: RAY_ADDRESS is set (`ray job submit` sets it for the job's driver)")
+    plan = ClusterPlan(ray="127.0.0.1:6379",
+                       why="joins 127.0.0.1:6379: RAY_ADDRESS is set (`ray job submit` sets it for the job's driver)")
     assert dict(plan.rows())["ray"] == ("127.0.0.1:6379 (joins 127.0.0.1:6379: RAY_ADDRESS is set (`ray job "
                                         "submit` sets it for the job's driver))")
 
@@ -270,8 +267,8 @@ def test_ray_job_submit_runs_one_step_inside_the_submitted_cluster(job_head, tmp
     # The job's driver joined the head it was submitted to (RAY_ADDRESS), not a Ray of its own.
     # Ray's job supervisor hands the driver the head's GCS port on this node's own address (it turns 127.0.0.1 into
     # the interface address; the connection still stays on this machine).
-    assert plan["ray"].endswith(f":{port}"), plan
-    assert "RAY_ADDRESS" in plan["ray_why"], plan
+    assert plan["cluster"]["ray"].endswith(f":{port}"), plan
+    assert "RAY_ADDRESS" in plan["cluster"]["why"], plan
     nodes = json.loads((out / "nodes.json").read_text())  # written for cluster runs only
     listed = subprocess.run([*RAY, "list", "nodes", "--format", "json", "--address",
                              f"http://127.0.0.1:{dashboard}"], env=env, capture_output=True, text=True, timeout=60)

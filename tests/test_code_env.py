@@ -179,7 +179,7 @@ def test_bad_arguments_name_the_problem():
 
 
 def test_a_client_of_a_served_env_cannot_loosen_the_sandbox():
-    from agentrl.env import ClientSettingError, check_client_settings
+    from agentrl.envs.core import ClientSettingError, check_client_settings
 
     check_client_settings(CodeEnv, {"split": "test", "difficulty": 2, "max_turns": 5}, "code")
     for key, value in [("backend", "subprocess"), ("unsafe_subprocess", True), ("limits", "{}"),
@@ -252,7 +252,7 @@ def test_episodes_in_ray_runners_run_real_sandboxes(ray_session, qwen3_tokenizer
 
 
 def test_served_code_env_plays_like_the_local_one():
-    from agentrl.env_server import ServeSettings, start_server
+    from agentrl.envs.server import ServeSettings, start_server
 
     with start_server(ServeSettings("code", port=0)) as server:
         remote = agentrl.make(server.url, difficulty=2)

@@ -426,7 +426,7 @@ def test_cpu_image_runs_two_steps_of_the_main_job_with_vllm_as_its_own_user(tmp_
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["engine"] == "vllm", plan["engine"]
+    assert plan["engine"]["kind"] == "vllm", plan["engine"]
     assert (run / "checkpoint" / "trainer_state.json").exists()
     assert (run / "metrics.jsonl").stat().st_uid == (os.getuid() if os.getuid() else 1000)
 

@@ -33,9 +33,13 @@ def test_auto_is_the_default_and_a_misspelt_engine_is_refused_with_the_choices(t
 
 
 def test_runs_sample_in_bfloat16_on_vllm_and_in_the_trainers_dtype_on_hf_unless_asked():
-    from agentrl.recipes.setup import default_engine_dtype
+    from agentrl.engine.plan import engine_dtype
 
-    assert default_engine_dtype("", "vllm", "float32") == "bfloat16"  # the mismatch study (docs/results.md)
-    assert default_engine_dtype("", "hf", "float32") == "float32"
-    assert default_engine_dtype("float32", "vllm", "float32") == "float32"
+    train = dict(trainer_compute="float32", weights_dtype="float32")
+    assert engine_dtype("", "vllm", **train) == "bfloat16"  # the mismatch study (docs/results.md)
+    assert engine_dtype("", "hf", **train) == "float32"
+    assert engine_dtype("", "hf", trainer_compute="bfloat16", weights_dtype="float32") == "bfloat16"
+    assert engine_dtype("float32", "vllm", **train) == "float32"
+    # Evaluation and serving sample in the weights' own dtype, whatever the kind.
+    assert engine_dtype("", "vllm", trainer_compute=None, weights_dtype="float32") == "float32"
     assert EngineConfig().dtype == ""  # empty: resolved per engine kind in the run plan

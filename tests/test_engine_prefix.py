@@ -200,10 +200,9 @@ def test_engine_metrics_report_prefix_reuse_since_the_previous_call_under_the_sh
 def test_kv_cache_is_sized_for_every_episode_in_flight():
     from transformers import LlamaConfig
 
-    from agentrl.config import ContextConfig, EngineConfig, RunConfig, SamplingConfig, SchedulerConfig
+    from agentrl.config import EngineConfig
     from agentrl.engine.kv_cache import kv_bytes_per_token, size_kv_cache
-    from agentrl.models import LoadedModel
-    from agentrl.recipes.setup import rollout_kv_cache_gib
+    from agentrl.engine.plan import SERVER_KV_GIB, kv_cache_gib
 
     # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64: 2 x 30 x 3 x 64 x 4 bytes = 46,080 bytes a token in fp32.
     smol = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
@@ -215,12 +214,14 @@ def test_kv_cache_is_sized_for_every_episode_in_flight():
     assert gib == 4.0 and "5.7 GiB" in note and "bfloat16" in note
     assert size_kv_cache(smol, 4, 1, 10, available_bytes=8 * 2**30)[0] == 0.25  # never below 256 MiB
 
-    policy = LoadedModel("smol-shape", torch.nn.Module(), None)
-    policy.model.config = smol
-    cfg = RunConfig(scheduler=SchedulerConfig(prompts_per_step=4, group_size=8),
-                    context=ContextConfig(max_context_tokens=4096), sampling=SamplingConfig(max_new_tokens=64),
-                    engine=EngineConfig(dtype="bfloat16", replicas=2))
-    gib, _ = rollout_kv_cache_gib(cfg, policy, available_bytes=20 * 2**30)
-    assert gib == pytest.approx(16 * 4160 * 23_040 / 2**30)  # 16 episodes per replica, bf16
-    fixed = RunConfig(engine=EngineConfig(kv_cache_gib=1.5))
-    assert rollout_kv_cache_gib(fixed, policy) == (1.5, "")
+    # A step of 4 tasks x 8 episodes over 2 local replicas: 16 episodes each, at 4,096 + 64 tokens, in bfloat16.
+    two = EngineConfig(dtype="bfloat16", replicas=2)
+    gib, _ = kv_cache_gib(two, smol, "bfloat16", episodes_in_flight=32, context_tokens=4160, on_cluster=False,
+                          available_bytes=20 * 2**30)
+    assert gib == pytest.approx(16 * 4160 * 23_040 / 2**30)
+    fixed = EngineConfig(kv_cache_gib=1.5)
+    assert kv_cache_gib(fixed, smol, "float32", episodes_in_flight=32, context_tokens=4160, on_cluster=False) \
+        == (1.5, "")
+    # A server's load is unknown: a fixed default unless set.
+    assert kv_cache_gib(EngineConfig(), smol, "float32", episodes_in_flight=None, context_tokens=4160,
+                        on_cluster=False) == (SERVER_KV_GIB, "")

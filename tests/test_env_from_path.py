@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT
 
 import agentrl
-from agentrl.registry import EnvLoadError, short_name
+from agentrl.envs.registry import EnvLoadError, short_name
 
 COUNTER_ENV = '''
 import agentrl

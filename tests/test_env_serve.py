@@ -1,4 +1,4 @@
-"""Envs served over HTTP (`agentrl env serve`, `agentrl.env_server`) and played back (`agentrl.remote.RemoteEnv`).
+"""Envs served over HTTP (`agentrl env serve`, `agentrl.envs.server`) and played back (`agentrl.envs.remote.RemoteEnv`).
 
 The contract over the wire: every built-in env, served in-process, plays exactly as the local env on the same seeds
 and actions (observations, rewards, terminated / truncated, info). Then the server's guards (token, bind, bounds,
@@ -27,8 +27,8 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 from test_env_contract import JUNK  # noqa: E402
 
 import agentrl  # noqa: E402
-from agentrl.env_server import ServeError, ServeSettings, json_info, start_server  # noqa: E402
-from agentrl.remote import RemoteEnvError, remote_env_class  # noqa: E402
+from agentrl.envs.remote import RemoteEnvError, remote_env_class  # noqa: E402
+from agentrl.envs.server import ServeError, ServeSettings, json_info, start_server  # noqa: E402
 
 ENV_IDS = sorted(agentrl.registered())
 
@@ -105,7 +105,7 @@ def test_env_kwargs_reach_the_served_env_and_eval_sees_its_split(servers):
     # has the served env's parameters.
     served = inspect.signature(agentrl.spec(url).load()).parameters
     assert "split" in served and "level" in served and "shared" not in served
-    assert agentrl.registry.short_name(url) == "math"
+    assert agentrl.envs.registry.short_name(url) == "math"
 
 
 def test_a_server_bound_beyond_loopback_needs_a_token():
@@ -349,7 +349,7 @@ def test_cli_trains_one_step_on_a_served_env_in_ray_runners(tmp_path):
 
 
 def test_yaml_env_url_names_a_served_env(servers, tmp_path):
-    from agentrl.cli import _configured
+    from agentrl.cli.train import _configured
     from agentrl.config import ConfigError, load_config
 
     url = servers("math").url

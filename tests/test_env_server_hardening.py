@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx", reason="needs httpx (the dev requirements)"
 pytest.importorskip("fastapi", reason="needs fastapi (the base install)")
 websockets = pytest.importorskip("websockets", reason="needs websockets (the base install)")
 
-from agentrl.env_server import ServeError, ServeSettings, start_server  # noqa: E402
+from agentrl.envs.server import ServeError, ServeSettings, start_server  # noqa: E402
 from agentrl.http_guard import (  # noqa: E402
     LOOPBACK_HOSTS,
     HttpLimits,

@@ -23,16 +23,16 @@ httpx = pytest.importorskip("httpx", reason="needs httpx (the dev requirements)"
 pytest.importorskip("fastapi", reason="needs fastapi (the base install)")
 
 import agentrl  # noqa: E402
-from agentrl.env import (  # noqa: E402
+from agentrl.envs.core import (  # noqa: E402
     ClientSetting,
     ClientSettingError,
     SharedResource,
     TextEnv,
     check_client_settings,
 )
-from agentrl.env_server import ServeSettings, start_server  # noqa: E402
+from agentrl.envs.remote import RemoteEnvError  # noqa: E402
+from agentrl.envs.server import ServeSettings, start_server  # noqa: E402
 from agentrl.recipes.evaluate import resolve_split  # noqa: E402
-from agentrl.remote import RemoteEnvError  # noqa: E402
 
 ENV_IDS = sorted(agentrl.registered())
 MathEnv = agentrl.spec("math").load()
@@ -355,7 +355,7 @@ def test_failed_builds_free_their_slot_and_unused_sets_are_evicted():
 # ------------------------------------------------------------------------------------------- reset options
 
 def test_reset_options_are_data_declared_by_the_env():
-    from agentrl.env import check_reset_options
+    from agentrl.envs.core import check_reset_options
 
     WebShopEnv = agentrl.spec("webshop").load()
     assert check_reset_options(WebShopEnv, {"goal_index": 3}, "webshop") == {"goal_index": 3}

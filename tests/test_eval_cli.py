@@ -39,12 +39,12 @@ def test_eval_smoke_with_tiny_qwen3(tmp_path):
 def test_eval_bad_input_gets_a_clear_message():
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.main import app
 
     runner = CliRunner()  # in-process: these fail before any model loads, so a subprocess each would be slow
     for args, message in [
         (("--env", "maths", "--model", "tiny-qwen3"), "Did you mean 'math'"),
-        (("--env", "math", "--model", "tiny-qwen3", "--k", "1,x"), "--k expects"),
+        (("--env", "math", "--model", "tiny-qwen3", "--k", "1,x"), "'--k': expects comma-separated integers"),
         (("--env", "math", "--model", "tiny-qwen3", "--k", "4", "--samples-per-task", "2"), "pass@4 needs"),
         (("--env", "gui", "--model", "tiny-qwen3", "--split", "test"), "has no splits"),
         (("--env", "math",), "needs --env and --model"),
@@ -84,7 +84,7 @@ def test_eval_with_two_engine_replicas_as_ray_actors(tmp_path):
 def test_eval_refuses_zero_engines():
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.main import app
 
     out = CliRunner().invoke(app, ["eval", "--env", "math", "--model", "tiny-qwen3", "--engines", "0"])
     assert out.exit_code == 2 and "engine.replicas must be >= 1" in out.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import registry
+from agentrl.envs import registry
 from agentrl.extras import DISTRIBUTION, EXTRAS, MissingExtraError, install_hint, missing_extra_message, needs_extra
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +205,7 @@ def test_a_missing_package_is_one_line_naming_the_extra(case, tmp_path):
         + f"""
 import json
 import agentrl
-from agentrl.registry import EnvExtraError
+from agentrl.envs.registry import EnvExtraError
 
 def attempt(call):
     try:
@@ -326,7 +326,7 @@ def test_cli_says_the_missing_extra_in_one_line_and_exits_1(case, tmp_path):
         _blocked(blocked)
         + f"""
 sys.argv = ["agentrl", *{argv!r}]
-from agentrl.cli import main
+from agentrl.cli.main import main
 main()
 """,
         tmp_path,
@@ -339,7 +339,7 @@ def test_the_env_list_shows_the_missing_extra(tmp_path):
     proc = _python(
         _blocked(("bm25s",))
         + """
-from agentrl.cli import main
+from agentrl.cli.main import main
 sys.argv = ["agentrl", "envs", "list"]
 main()
 """,
@@ -353,5 +353,5 @@ def test_the_trackers_hint_is_install_hint():
     """agentrl/trackers/ writes the hint out (it may not import agentrl/): it must stay install_hint's."""
     from agentrl.extras import install_hint
 
-    source = (Path(__file__).resolve().parents[1] / "agentrl" / "trackers" / "__init__.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "agentrl" / "trackers" / "runlog.py").read_text()
     assert install_hint("{name}") in source

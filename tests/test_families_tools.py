@@ -24,7 +24,7 @@ class ToolEnv:
     received: list[str] = []
 
     def __new__(cls):
-        from agentrl.env import TextEnv
+        from agentrl.envs.core import TextEnv
 
         class _Env(TextEnv):
             def reset(self, *, seed=None, options=None):

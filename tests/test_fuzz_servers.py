@@ -1,6 +1,6 @@
 """Property-based fuzzing of both servers' request schemas: the attack suite of issue 38 (Deliver item 6).
 
-Two in-process servers on 127.0.0.1, port 0: the env server (`agentrl.env_server`, serving the built-in math env,
+Two in-process servers on 127.0.0.1, port 0: the env server (`agentrl.envs.server`, serving the built-in math env,
 which has no bug of its own, so any 500 is the server's) and `agentrl serve` (`agentrl.serve.server`, on the real
 Qwen3 tokenizer and template with a stand-in engine, see `Echo`). Hypothesis writes the requests a hostile client
 could send: JSON of every shape (huge ints, raw ``NaN`` / ``Infinity``, deep nesting, long and unicode strings,
@@ -45,8 +45,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from agentrl.engine.base import EngineResult, Generation, SamplingParams  # noqa: E402
-from agentrl.env_server import ServeSettings  # noqa: E402
-from agentrl.env_server import start_server as start_env_server  # noqa: E402
+from agentrl.envs.server import ServeSettings  # noqa: E402
+from agentrl.envs.server import start_server as start_env_server  # noqa: E402
 
 RSS_GROWTH = 256 * 2**20
 """Most a test's fuzzing may grow the process RSS by (both servers run in this process)."""
@@ -501,7 +501,7 @@ HOSTILE_ANSWERS = [r"\boxed{9^{4\cdot 9^{7}}}", r"\boxed{9^{9^{9}}}", r"\boxed{(
                    r"\boxed{" + "9" * 100_000 + "}", r"\boxed{\frac{" + r"\frac{" * 300 + "1" + "}{2}" * 301 + "}",
                    r"\boxed{7^{8^{9}}}", r"\boxed{99^{99^{99}}}", r"\boxed{2^{3^{4}}}", r"\boxed{123456789^{987654}}"]
 
-SERVE_MATH = ("from agentrl.env_server import ServeSettings, serve; "
+SERVE_MATH = ("from agentrl.envs.server import ServeSettings, serve; "
               "serve(ServeSettings('math', port=0, step_timeout=20.0), announce=lambda line: print(line, flush=True))")
 
 
@@ -664,7 +664,7 @@ def serve_healthy(running: Any, client: Any) -> None:
     answer = client.get(running.address + "/health")
     check_answer(answer.status_code, answer.headers, answer.content, openai_error_shape, "GET /health", "GET")
     assert answer.status_code == 200, f"/health answered {answer.status_code}"
-    recorder = running.policy.recorder
+    recorder = running.server.recorder
     kept = len(recorder.sessions())
     assert kept <= SERVE_CAPS["max_sessions"], f"{kept} sessions kept, over the cap of {SERVE_CAPS['max_sessions']}"
     # The byte cap may be passed by the call just recorded: up to 16 choices of a prompt near the context limit.

@@ -1,4 +1,5 @@
-"""bench/gpu_smoke.py runs anywhere: without a GPU it reports the CUDA checks skipped and runs the same paths on CPU."""
+"""bench/micro/gpu_smoke.py runs anywhere: without a GPU it reports the CUDA checks skipped and runs the same paths on
+CPU."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 import torch
 from conftest import ROOT
 
-SCRIPT = ROOT / "bench" / "gpu_smoke.py"
+SCRIPT = ROOT / "bench" / "micro" / "gpu_smoke.py"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run bench/gpu_smoke.py itself")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run bench/micro/gpu_smoke.py itself")
 def test_cpu_mode_runs_every_check_and_skips_the_cuda_ones_with_the_reason(tmp_path):
     out = tmp_path / "smoke.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True,

@@ -334,7 +334,7 @@ def _warm_workers(count: int) -> None:
 
 def test_a_served_math_env_answers_health_and_other_sessions_while_a_worst_case_answer_is_graded():
     httpx = pytest.importorskip("httpx")
-    from agentrl.env_server import ServeSettings, start_server
+    from agentrl.envs.server import ServeSettings, start_server
 
     kwargs = {"verifier": f"{__name__}:spin_verifier", "grade_budget_s": 4.0}
     with start_server(ServeSettings("math", kwargs=kwargs, port=0)) as server:

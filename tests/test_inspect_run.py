@@ -70,7 +70,7 @@ def test_bad_folders_and_lines_are_named(tmp_path, run_dir):
 def test_cli_inspect(run_dir):
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.main import app
 
     out = CliRunner().invoke(app, ["inspect", str(run_dir)])
     assert out.exit_code == 0, out.output

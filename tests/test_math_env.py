@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.env import TextSpace
+from agentrl.envs.core import TextSpace
 from agentrl.envs.math import ANSWER_INSTRUCTION, MathEnv, MathProblemSet
-from agentrl.registry import make
+from agentrl.envs.registry import make
 
 GSM8K_TEST = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
 

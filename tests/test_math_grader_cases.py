@@ -4,7 +4,7 @@
 the Hendrycks MATH equivalence tests (``modeling/math_equivalence_test.py``) and rllm's math reward tests
 (``tests/rewards/test_math_reward.py``): gold answer(s), response, and the verdict the suite expects. A reply is
 graded by `Grader` (strict when the suite requires ``\\boxed{}``, as rllm's does), a bare answer by `answers_match`.
-``bench/math_grader_agreement.py`` prints the agreement rate per suite.
+``bench/micro/math_grader_agreement.py`` prints the agreement rate per suite.
 
 Symbolic checks get a 30 s bound here instead of the env's 2 s, so verdicts do not depend on how busy the machine is
 (one case, a reordered symbolic sum, takes about 7 s on 2 busy cores and counts as wrong under the 2 s default).

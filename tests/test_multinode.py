@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "micro"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a hang is a failure, never a stuck suite
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,10 @@ import torch
 
 from agentrl.objective import (
     ADVANTAGES,
+    AdvantageSpec,
     EpisodeSteps,
+    GiGPOOptions,
+    advantage_options,
     compute_advantages,
     episode_steps,
     gigpo_advantages,
@@ -92,7 +96,7 @@ def test_turn_advantages_episode_level_and_gigpo():
 # -- defect 8: one rule for singleton groups ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+@pytest.mark.parametrize("name", sorted(n for n, spec in ADVANTAGES.items() if spec.level == "episode"))
 def test_singleton_group_gets_zero_advantage_for_every_estimator(name):
     options = {"k": 1} if name == "passk" else {}
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.7])
@@ -107,3 +111,66 @@ def test_advantage_options_are_checked_by_name():
         compute_advantages("low_success_weight", torch.zeros(2), torch.zeros(2, dtype=torch.long), bost=2.0)
     adv = compute_advantages("low_success_weight", torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), boost=2.0)
     assert adv.tolist() == [1.0, -0.5]  # 0.5 * (1 + 2 * (1 - 0.5)), -0.5
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_singleton_groups_get_zero_per_turn_too_gigpo_included(name):
+    options = {"k": 1} if name == "passk" else {}
+    trajs = [_traj(0, ["s0", "s1", "end"], [0.0, 1.0]), _traj(0, ["s0", "s2", "end"], [0.0, 0.0]),
+             _traj(1, ["s0", "s1", "end"], [0.0, 1.0])]  # group 1 is one episode alone
+    per_turn = turn_advantages(name, trajs, options)
+    assert per_turn[2] == (0.0, 0.0) and per_turn[0] != (0.0, 0.0)
+
+
+# -- one registry: every estimator with its typed options, GiGPO included (issue 40) --------------------------------
+
+
+def test_every_estimator_is_registered_with_frozen_typed_options():
+    assert ADVANTAGES["gigpo"].level == "step" and ADVANTAGES["gigpo"].options is GiGPOOptions
+    assert {n for n, spec in ADVANTAGES.items() if spec.level == "episode"} == {
+        "group_mean", "grpo", "loo", "low_success_weight", "passk"}
+    for name, spec in ADVANTAGES.items():
+        assert dataclasses.is_dataclass(spec.options) and spec.options.__dataclass_params__.frozen, name
+        assert advantage_options(name) == spec.options()  # no option given: the estimator's defaults
+    assert advantage_options("gigpo", gamma=1) == GiGPOOptions(gamma=1.0, step_weight=1.0, normalize_std=True, eps=1e-6)
+    assert isinstance(advantage_options("gigpo", gamma=1).gamma, float)  # YAML's 1 for a float option is 1.0
+    passk = ADVANTAGES["passk"]
+    assert passk.min_group_size(advantage_options("passk", k=8)) == 8 and passk.min_group_size(passk.options()) == 4
+
+
+def test_turn_advantages_dispatches_on_the_level_the_entry_declares(monkeypatch):
+    # A step-level estimator under a new name gets the episodes' steps, as GiGPO does: nothing keys on "gigpo".
+    @dataclasses.dataclass(frozen=True)
+    class Scale:
+        factor: float = 2.0
+
+    seen = []
+
+    def per_step_reward(episodes, opts):
+        seen.append(episodes)
+        return [tuple(opts.factor * r for r in ep.rewards) for ep in episodes]
+
+    monkeypatch.setitem(ADVANTAGES, "scaled_step_reward", AdvantageSpec(per_step_reward, Scale, "test", level="step"))
+    trajs = [_traj(0, ["s0", "s1", "end"], [0.0, 1.0]), _traj(3, ["s0", "end"], [0.5])]
+    assert turn_advantages("scaled_step_reward", trajs, {"factor": 3}) == [(0.0, 3.0), (1.5,)]
+    assert seen == [[episode_steps(t) for t in trajs]]
+    # GiGPO through the registry gives exactly what its own function gives.
+    assert turn_advantages("gigpo", trajs, {"gamma": 0.5}) == gigpo_advantages(
+        [episode_steps(t) for t in trajs], gamma=0.5)
+    with pytest.raises(ValueError, match="'gigpo' gives one advantage per step.*turn_advantages"):
+        compute_advantages("gigpo", torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+
+
+def test_a_bad_option_is_named_with_the_valid_ones():
+    with pytest.raises(ValueError) as err:
+        advantage_options("gigpo", omega=1.0)
+    assert str(err.value) == ("unknown option(s) 'omega' for advantage estimator 'gigpo'; "
+                              "valid options: gamma, step_weight, normalize_std, eps")
+    with pytest.raises(ValueError, match="unknown option.*'eps'.*'group_mean'; valid options: \\(none\\)"):
+        advantage_options("group_mean", eps=0.1)
+    with pytest.raises(ValueError, match="option 'k' of advantage estimator 'passk' must be int, got 2.5"):
+        advantage_options("passk", k=2.5)
+    with pytest.raises(ValueError, match="option 'normalize_std' of advantage estimator 'gigpo' must be bool"):
+        advantage_options("gigpo", normalize_std="yes")
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; choose one of group_mean"):
+        advantage_options("ppo")

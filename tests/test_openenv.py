@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl.env_server import ServeSettings, json_info, start_server
+from agentrl.envs.server import ServeSettings, json_info, start_server
 
 pytest.importorskip("openenv.core.generic_client", reason="needs openenv-core: pip install 'agentrl-platform[openenv]'")
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402

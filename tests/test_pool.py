@@ -19,7 +19,7 @@ import pytest
 
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.engine.requests import BatchedRequests
-from agentrl.env import SharedResource, TextEnv
+from agentrl.envs.core import SharedResource, TextEnv
 from agentrl.rollout.loop import run_rollout
 from agentrl.rollout.pool import EnvFailure, EnvMaker, LocalPool, RayPool, make_pool
 

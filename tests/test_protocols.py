@@ -17,14 +17,8 @@ import pytest
 from conftest import ROOT
 
 from agentrl.config import ContextConfig, EngineConfig, RunnersConfig
-from agentrl.protocols import (
-    PROTOCOL_DIR,
-    ProtocolError,
-    ProtocolRun,
-    load_protocol,
-    panel_fingerprint,
-    protocol_names,
-)
+from agentrl.protocols.protocol import ProtocolError, ProtocolRun, panel_fingerprint
+from agentrl.protocols.registry import PROTOCOL_DIR, load_protocol, protocol_names
 from agentrl.recipes.evaluate import EvalError, from_protocol
 
 # name -> sha256 of its settings. A protocol is never edited under its name: copy it to a new name (say -v2), change
@@ -231,7 +225,7 @@ def test_compare_names_a_protocol_difference():
 def test_cli_lists_protocols_and_refuses_bad_input_in_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from agentrl.cli import app
+    from agentrl.cli.main import app
 
     runner = CliRunner()  # in-process: nothing here loads a model
     out = runner.invoke(app, ["eval", "--list-protocols"])
@@ -242,7 +236,7 @@ def test_cli_lists_protocols_and_refuses_bad_input_in_one_line(tmp_path):
         (("--protocol", "nope", "--model", "tiny-qwen3"), "unknown protocol 'nope'; available: agentrl-"),
         (("--protocol", "gigpo-alfworld-v1", "--env", "math", "--model", "tiny-qwen3"), "--env conflicts"),
         (("--protocol", "gigpo-alfworld-v1"), "needs --model"),
-        (("--protocol", "gigpo-alfworld-v1", "--model", "tiny-qwen3", "--k", "1,x"), "--k expects"),
+        (("--protocol", "gigpo-alfworld-v1", "--model", "tiny-qwen3", "--k", "1,x"), "'--k': expects comma-separated integers"),
         (("--protocol", str(stale), "--model", "tiny-qwen3"), "no longer gives the tasks protocol agentrl-math"),
     ]:
         out = runner.invoke(app, ["eval", *args])

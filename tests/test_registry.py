@@ -1,7 +1,7 @@
 import pytest
 
 import agentrl
-from agentrl.env import TextEnv
+from agentrl.envs.core import TextEnv
 
 
 class Counter(TextEnv):

@@ -8,7 +8,7 @@ bodies, nesting 100,000 deep, an ``init_params`` entry that is no name. Every su
 a failed env call, counted, with the run going on. A fake OpenEnv server (the ``websockets`` package's own server)
 does the same to `OpenEnvEnv`.
 
-The reward bound: |reward| <= 1e6 (`agentrl.remote.MAX_ABS_REWARD`): built-in envs reward within [0, 1]; 1e300 is
+The reward bound: |reward| <= 1e6 (`agentrl.envs.remote.MAX_ABS_REWARD`): built-in envs reward within [0, 1]; 1e300 is
 finite but would swamp the group's advantages and overflow once squared.
 """
 
@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import agentrl
-from agentrl.remote import (
+from agentrl.envs.remote import (
     MAX_RESPONSE_BYTES,
     BadAnswerError,
     RemoteEnvError,
@@ -298,7 +298,7 @@ def test_bad_info_is_a_remote_env_error_not_a_traceback(hostile, change, message
         remote_env_class.__wrapped__(url)
     assert f"env server {url}: GET /info" in str(e.value)
     # `--env URL` reports it as an env that cannot be used (the CLI prints EnvLoadError's message, no traceback).
-    with pytest.raises(agentrl.registry.EnvLoadError, match=message):
+    with pytest.raises(agentrl.envs.registry.EnvLoadError, match=message):
         agentrl.spec(url)
 
 
@@ -497,7 +497,7 @@ OPENENV_BAD = {
 
 @pytest.mark.parametrize("data, message", OPENENV_BAD.values(), ids=OPENENV_BAD.keys())
 def test_openenv_bad_answers_are_env_errors(fake_openenv, data, message):
-    from agentrl.remote import BadAnswerError
+    from agentrl.envs.remote import BadAnswerError
 
     url, script = fake_openenv
     script.step = data

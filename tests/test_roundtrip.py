@@ -88,7 +88,7 @@ class EchoEnv:
     system_prompt = "Act."
 
     def __new__(cls):
-        from agentrl.env import TextEnv
+        from agentrl.envs.core import TextEnv
 
         class _Env(TextEnv):
             def reset(self, *, seed=None, options=None):

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 from agentrl.engine.base import EngineResult, Generation, SamplingParams  # noqa: E402
 from agentrl.serve.engine_client import EngineClient  # noqa: E402
-from agentrl.serve.server import PolicyServer, start_server  # noqa: E402
+from agentrl.serve.server import PolicyServer, session_url, start_server  # noqa: E402
 from agentrl.serve.sessions import Recorder, Renderer  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",
@@ -103,7 +103,7 @@ def real(tiny_qwen3):
 
 
 def _client(running, session):
-    return openai.OpenAI(base_url=running.session_url(session), api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=session_url(running.address, session), api_key="unused", max_retries=0)
 
 
 def test_chat_logprobs_and_n_are_what_the_engine_sampled(real):
@@ -112,7 +112,7 @@ def test_chat_logprobs_and_n_are_what_the_engine_sampled(real):
         model="tiny-qwen3", messages=[{"role": "user", "content": "What is 2+2?"}], logprobs=True, n=2, seed=3,
         max_tokens=7, temperature=0.8)
     assert len(reply.choices) == 2 and reply.usage.completion_tokens == 14
-    records = running.policy.recorder.session("rec").records
+    records = running.server.recorder.session("rec").records
     assert [r.choice for r in records] == [0, 1]
     by_prompt = [(spy.requests[i].prompt, spy.results[i].generation) for i in spy.results
                  if spy.requests[i].prompt == records[0].prompt_ids]
@@ -135,31 +135,31 @@ def test_streaming_gives_the_same_message_as_the_records(real):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].usage.completion_tokens == 6
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert text == running.policy.recorder.session("stream").records[0].content
+    assert text == running.server.recorder.session("stream").records[0].content
 
 
 def test_completions_endpoint_takes_text_or_ids(real):
     running, _ = real
     client = _client(running, "cmpl")
     out = client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=4, logprobs=0)
-    rec = running.policy.recorder.session("cmpl").records[0]
+    rec = running.server.recorder.session("cmpl").records[0]
     assert out.choices[0].logprobs.token_logprobs == list(rec.logprobs) and len(rec.generated_ids) == 4
     again = client.completions.create(model="tiny-qwen3", prompt=list(rec.prompt_ids + rec.generated_ids),
                                       max_tokens=3)
     assert again.usage.prompt_tokens == len(rec.prompt_ids) + 4
-    assert running.policy.recorder.session("cmpl").records[1].drift == "extends"
+    assert running.server.recorder.session("cmpl").records[1].drift == "extends"
 
 
 def test_weights_update_by_version(real, tiny_qwen3):
     running, _ = real
     client = _client(running, "versions")
-    running.policy.client.update_weights(list(tiny_qwen3.model.state_dict().items()), 3)
+    running.server.client.update_weights(list(tiny_qwen3.model.state_dict().items()), 3)
     try:
         reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
         assert reply.system_fingerprint == "agentrl-v3"
-        assert running.policy.recorder.session("versions").records[0].policy_version == 3
+        assert running.server.recorder.session("versions").records[0].policy_version == 3
     finally:
-        running.policy.client.update_weights(list(tiny_qwen3.model.state_dict().items()), 0)
+        running.server.client.update_weights(list(tiny_qwen3.model.state_dict().items()), 0)
 
 
 @pytest.mark.parametrize("kwargs, param", [
@@ -254,7 +254,7 @@ def test_tool_calls_reach_the_client_and_the_prefix_holds(qwen3_tokenizer, strea
         messages += [choice.message, {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id,
                                       "content": "4"}]
         client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
-        rec = running.policy.recorder.session("tools").records
+        rec = running.server.recorder.session("tools").records
         assert rec[1].drift == "extends" and rec[1].parent == 0
         assert rec[1].prompt_ids[: len(rec[0].prompt_ids) + len(rec[0].generated_ids)] == \
             rec[0].prompt_ids + rec[0].generated_ids
@@ -267,7 +267,7 @@ def _session(engine_replies, tokenizer, edit=None, chat_kwargs=None, follow_up="
     running = _serve(engine, tokenizer, chat_kwargs=chat_kwargs)
     try:
         _tool_loop(_client(running, "s"), edit=edit, follow_up=follow_up)
-        return running.policy.recorder.session("s"), engine
+        return running.server.recorder.session("s"), engine
     finally:
         running.close()
 
@@ -356,7 +356,7 @@ def test_n_choices_branch_and_the_chosen_one_merges(qwen3_tokenizer):
         reply = client.chat.completions.create(model="m", messages=messages, n=2)
         messages += [reply.choices[1].message, {"role": "user", "content": "Go on."}]
         client.chat.completions.create(model="m", messages=messages)
-        log = running.policy.recorder.session("n")
+        log = running.server.recorder.session("n")
     finally:
         running.close()
     assert [r.parent for r in log.records] == [-1, -1, 1]

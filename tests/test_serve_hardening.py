@@ -25,7 +25,7 @@ from agentrl.engine.base import EngineResult, Generation, SamplingParams  # noqa
 from agentrl.recipes.serve import ServeConfig, ServeError  # noqa: E402
 from agentrl.serve import sessions  # noqa: E402
 from agentrl.serve.engine_client import EngineClient  # noqa: E402
-from agentrl.serve.server import PolicyServer, ServerStartError, start_server  # noqa: E402
+from agentrl.serve.server import PolicyServer, ServerStartError, session_url, start_server  # noqa: E402
 from agentrl.serve.sessions import Recorder, Renderer  # noqa: E402
 
 USER = [{"role": "user", "content": "What is 2+2?"}]
@@ -101,12 +101,12 @@ def _post(running, body, path="/chat/completions", headers=None):
                                    "frequency_penalty", "min_p"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_sampling_settings_are_refused_naming_the_param(echo, param, value):
-    before = len(echo.policy.recorder.sessions())
+    before = len(echo.server.recorder.sessions())
     reply = _post(echo, {"messages": USER, param: value})
     assert reply.status_code == 400, reply.text
     error = _strict(reply.text)["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
-    assert len(echo.policy.recorder.sessions()) == before  # refused before a session or a record exists
+    assert len(echo.server.recorder.sessions()) == before  # refused before a session or a record exists
 
 
 def test_overflowing_numbers_and_nan_anywhere_are_refused(echo):
@@ -127,7 +127,7 @@ def test_a_non_finite_logprob_from_the_engine_is_never_sent_nor_recorded(qwen3_t
         stream = _post(running, {"messages": USER, "logprobs": True, "stream": True})
         assert stream.status_code == 500 and "NaN" not in stream.text
         assert not record.exists() or record.read_text() == ""
-        assert all(not running.policy.recorder.session(s).records for s in running.policy.recorder.sessions())
+        assert all(not running.server.recorder.session(s).records for s in running.server.recorder.sessions())
     finally:
         running.close()
 
@@ -244,10 +244,10 @@ def test_cli_refuses_a_wide_bind_without_a_token():
 def test_the_token_guards_every_route_but_health(qwen3_tokenizer):
     running = _serve(qwen3_tokenizer, token="s3cret")
     try:
-        wrong = openai.OpenAI(base_url=running.session_url("mine"), api_key="guess", max_retries=0)
+        wrong = openai.OpenAI(base_url=session_url(running.address, "mine"), api_key="guess", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             wrong.chat.completions.create(model="m", messages=USER)
-        right = openai.OpenAI(base_url=running.session_url("mine"), api_key="s3cret", max_retries=0)
+        right = openai.OpenAI(base_url=session_url(running.address, "mine"), api_key="s3cret", max_retries=0)
         assert right.chat.completions.create(model="m", messages=USER).choices[0].message.content
         assert httpx.get(f"{running.address}/health").status_code == 200  # open: a liveness probe
         report = f"{running.address}/agentrl/sessions/mine"
@@ -256,7 +256,7 @@ def test_the_token_guards_every_route_but_health(qwen3_tokenizer):
         assert httpx.get(report, headers={"Authorization": "Bearer s3cret"}).json()["calls"] == 1
         assert httpx.get(f"{running.url}/models").status_code == 401
         assert httpx.post(f"{running.url}/completions", json={"prompt": "x"}).status_code == 401
-        assert not running.policy.recorder.find("anon") and running.policy.recorder.sessions() == ["mine"]
+        assert not running.server.recorder.find("anon") and running.server.recorder.sessions() == ["mine"]
     finally:
         running.close()
 
@@ -294,7 +294,7 @@ def test_fifty_concurrent_streams_all_succeed_without_retries(tiny_qwen3):
     start = threading.Barrier(50)
 
     def one(i):
-        client = openai.OpenAI(base_url=running.session_url(f"c{i}"), api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=session_url(running.address, f"c{i}"), api_key="unused", max_retries=0)
         start.wait()
         chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Hi {i}"}],
                                                      stream=True, max_tokens=4))
@@ -304,7 +304,7 @@ def test_fifty_concurrent_streams_all_succeed_without_retries(tiny_qwen3):
         with ThreadPoolExecutor(50) as pool:
             reasons = list(pool.map(one, range(50)))
         assert len(reasons) == 50 and all(r in ("stop", "length") for r in reasons)
-        assert all(len(running.policy.recorder.session(f"c{i}").records) == 1 for i in range(50))
+        assert all(len(running.server.recorder.session(f"c{i}").records) == 1 for i in range(50))
     finally:
         running.close()
 
@@ -364,7 +364,7 @@ def test_a_two_million_character_prompt_is_refused_before_tokenizing(qwen3_token
             assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
         assert counting.calls == 0
         assert elapsed < 5.0  # generous: parsing 4 MB of JSON twice on a shared CI core
-        assert running.policy.recorder.sessions() == []
+        assert running.server.recorder.sessions() == []
     finally:
         running.close()
 
@@ -431,7 +431,7 @@ def test_a_session_over_its_call_cap_is_refused(qwen3_tokenizer):
     recorder = Recorder(Renderer(qwen3_tokenizer, family_hint="qwen3"), max_calls_per_session=3)
     running = _serve(qwen3_tokenizer, recorder=recorder)
     try:
-        client = openai.OpenAI(base_url=running.session_url("long"), api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=session_url(running.address, "long"), api_key="unused", max_retries=0)
         for _ in range(3):
             client.chat.completions.create(model="m", messages=USER)
         with pytest.raises(openai.BadRequestError) as err:

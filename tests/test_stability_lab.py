@@ -1,4 +1,4 @@
-"""Checks of the mismatch lab's building blocks (bench/stability): quantized inference copies, the exact
+"""Checks of the mismatch lab's building blocks (bench/studies/stability): quantized inference copies, the exact
 enumeration of responses, the exact gradient-bias measurement, and tiny smoke runs of parts (a1) and (b).
 """
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "stability"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "studies" / "stability"))
 
 from exact_gradient import enumerate_responses, gradient_bias  # noqa: E402
 from is_runs import LOGGED, TrainSetup, train_run  # noqa: E402

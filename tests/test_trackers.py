@@ -17,7 +17,10 @@ import pytest
 from conftest import ROOT
 
 from agentrl.config import ConfigError, LogConfig, RunConfig, apply_overrides
-from agentrl.trackers import RunLog, Table, eval_summary, tracker_names, trajectory_table
+from agentrl.trackers.base import Table
+from agentrl.trackers.registry import tracker_names
+from agentrl.trackers.runlog import RunLog
+from agentrl.trackers.tables import eval_summary, trajectory_table
 
 RUN_ARGS = ("--env", "math", "--model", "tiny-qwen3", "--group-size", "2", "--prompts-per-step", "2",
             "--max-new-tokens", "8", "--engine", "hf")

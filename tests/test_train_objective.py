@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,7 +75,7 @@ def test_reference_kl_in_loss_and_reward_and_entropy_bonus_in_the_loop(tmp_path)
                                   "loss.kl_reward_coef": 0.05}), progress=False)
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     # The frozen copy, parameters and buffers, in the dtype the trainer computes in (bf16 where native).
-    compute = getattr(torch, json.loads((out / "plan.json").read_text())["compute_dtype"])
+    compute = getattr(torch, json.loads((out / "plan.json").read_text())["trainer"]["compute_dtype"])
     reference = load_model("tiny-qwen3", dtype=compute).model
     assert row["ref_model_bytes"] == sum(t.numel() * t.element_size()
                                          for t in (*reference.parameters(), *reference.buffers()))
@@ -245,5 +246,11 @@ def test_overlong_filter_penalty_and_dynamic_sampling():
     extra = {}
     trajs, keep = overlong_and_dynamic_sampling(eps, LossConfig(dynamic_sampling=True), 8, extra)
     assert keep == [True, True, False, False] and extra["uninformative_frac"] == 0.5
-    with pytest.raises(ConfigError, match="loss.overlong.mode"):
-        OverlongConfig(mode="cut")
+    from agentrl.config import RunConfig, apply_overrides
+
+    # One definition of the section: the config's, which `apply_overlong` reads (no copy in the objective).
+    package = Path(__file__).resolve().parents[1] / "agentrl"
+    defined = [p.name for p in package.rglob("*.py") if "class OverlongConfig" in p.read_text()]
+    assert defined == ["config.py"]
+    with pytest.raises(ConfigError, match="loss.overlong: unknown overlong mode 'cut'"):
+        apply_overrides(RunConfig(), {"loss.overlong.mode": "cut"})

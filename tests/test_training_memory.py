@@ -194,7 +194,7 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     from agentrl.chat.layout import resolve_context
     from agentrl.config import apply_overrides, load_config
     from agentrl.engine.kv_cache import rollout_kv_bytes
-    from agentrl.recipes.setup import is_single_turn, single_turn_context
+    from agentrl.rollout.plan import is_single_turn, single_turn_context
 
     def resolved(cfg):  # as `set_up` resolves the context before sizing the engines
         context, _ = resolve_context(cfg.context, agentrl.spec("math").load(), tiny_qwen3.tokenizer,
@@ -204,7 +204,7 @@ def test_single_turn_envs_size_the_engine_kv_for_their_prompts_not_the_context_b
     math = resolved(apply_overrides(load_config(None), {"env.id": "math", "engine.kind": "vllm"}))
     env = agentrl.make("math", **math.env.kwargs)
     assert is_single_turn(env)
-    longest = single_turn_context(math, tiny_qwen3)
+    longest = single_turn_context(math.env, math.context, math.scheduler, math.sampling, tiny_qwen3)
     budget = math.context.max_context_tokens + math.sampling.max_new_tokens
     assert math.sampling.max_new_tokens < longest < 400 < budget  # one short prompt and one reply
     kv_bytes = {n: rollout_kv_bytes(tiny_qwen3.model.config, 4, 32, n) for n in (longest, budget)}

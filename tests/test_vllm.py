@@ -230,7 +230,7 @@ def test_agentrl_run_with_the_vllm_engine_end_to_end(tmp_path):
     # vLLM samples in bfloat16 by default against the float32 trainer (docs/results.md, the mismatch study).
     assert "engine    vllm x1, bfloat16 (vLLM imports here and serves tiny-qwen3-h64)" in proc.stdout
     assert yaml.safe_load((out / "config.yaml").read_text())["engine"]["kind"] == "vllm"
-    assert json.loads((out / "plan.json").read_text())["engine"] == "vllm"
+    assert json.loads((out / "plan.json").read_text())["engine"]["kind"] == "vllm"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     # A bfloat16 sampler against the float32 trainer: a small mismatch, not float noise (main job: about 2e-3).

@@ -178,7 +178,7 @@ def test_reference_helpers_agree_with_the_product_on_strings():
 @needs_spacy
 def test_score_equals_the_reference_on_generated_purchases():
     # Every kind of purchase (expert, partial options, same query, random product, over budget, re-spelled
-    # synthetic and human goals), 7 x 50 of them: exactly equal floats. bench/webshop_reward_parity.py runs 10k+.
+    # synthetic and human goals), 7 x 50 of them: exactly equal floats. bench/micro/webshop_reward_parity.py runs 10k+.
     for goal, product, options in generate_purchases(num_products=150, seed=3, count=350):
         assert score(goal, product, options, tagger="spacy") == ref_get_reward(product, goal, product["price"], options)
     # The same with the title nouns a cached catalogue stores (tagged in batches at build time), as the env scores.

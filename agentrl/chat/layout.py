@@ -1,8 +1,8 @@
 """The context layout a run uses by default: the cheapest one that stays correct for its env and model family.
 
-Cost (measured by ``bench/trainer_tokens_per_episode.py``, a 50-turn ALFWorld-like episode, Qwen3 tokenizer): while
-the token prefix holds, the whole episode is one training sample (~4.5k tokens through the trainer) and the rollout
-engine prefills only each turn's new tokens; when the template rewrites history every turn (Qwen3 drops earlier
+Cost (measured by ``bench/micro/trainer_tokens_per_episode.py``, a 50-turn ALFWorld-like episode, Qwen3 tokenizer):
+while the token prefix holds, the whole episode is one training sample (~4.5k tokens through the trainer) and the
+rollout engine prefills only each turn's new tokens; when the template rewrites history every turn (Qwen3 drops earlier
 ``<think>`` spans before a new *user* message), every turn is its own sample holding the whole context so far
 (~94k tokens, 21x) and every turn is prefilled in full. Repeating the goal and recent actions (``recap_actions=5``)
 keeps the prefix but costs 3.5x merged and pushes 50-turn episodes past a 4k context. Samples are correct in every

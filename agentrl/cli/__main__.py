@@ -1,5 +1,5 @@
 """`python -m agentrl.cli`: the same as the `agentrl` command."""
 
-from agentrl.cli import main
+from agentrl.cli.main import main
 
 main()

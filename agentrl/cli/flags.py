@@ -1,10 +1,15 @@
-"""`agentrl run`'s flags, generated from the config dataclasses: one source for the command line.
+"""Every config command's flags, generated from its config dataclasses: one source for the command line.
 
-Every leaf field of the config tree becomes ``--section.field-name`` (top-level fields: ``--field-name``), typed from
-its annotation, with the first sentence of the field's docstring as its help. `ALIASES` keeps the short flags.
+Each command that runs a config has one root dataclass (`COMMANDS`: ``run`` `RunConfig`, ``sft`` `SFTConfig`,
+``eval`` `EvalConfig`, ``serve`` `ServeConfig`, ``env serve`` `ServeSettings`), built from the shared sections
+(`EnvConfig`, `EngineConfig`, `RunnersConfig`, `ContextConfig`, `LogConfig`, ...). Every leaf field of the tree becomes
+``--section.field-name`` (top-level fields: ``--field-name``), typed from its annotation, with the first sentence of
+the field's docstring as its help; the command's alias table keeps the short flags. A field whose metadata says
+``flag: False`` has none (`EvalConfig.protocol`, set by ``--protocol NAME``); ``envvar: NAME`` also reads it from the
+environment (the servers' tokens).
 
-To add a setting, add the field and its docstring to its dataclass in `agentrl.config`: the flag, its type, its help
-line and its section in ``agentrl run --help`` follow. A short alias for it is one more line in `ALIASES`.
+To add a setting, add the field and its docstring to its dataclass: the flag, its type, its help line and its
+section in ``agentrl X --help`` follow. A short alias for it is one more line in the command's alias table.
 """
 
 from __future__ import annotations
@@ -63,6 +68,50 @@ SFT_ALIASES: dict[str, str] = {
 }
 """`agentrl sft`'s short flags, as `ALIASES` for `agentrl run`."""
 
+EVAL_ALIASES: dict[str, str] = {
+    # The flags `agentrl eval` typed by hand before they were generated: the README, docs and tests use them.
+    "--env": "env.id", "--max-turns": "env.max_turns", "--seed-offset": "env.seed_offset", "--k": "ks",
+    "--engine": "engine.kind", "--engines": "engine.replicas", "--engine-dtype": "engine.dtype",
+    "--runners": "runners.count", "--log": "log.trackers",
+    **{f"--{key.replace('_', '-')}": f"sampling_overrides.{key}" for key in (
+        "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")},
+}
+"""`agentrl eval`'s short flags, as `ALIASES` for `agentrl run`."""
+
+EVAL_EVERYDAY: tuple[str, ...] = (
+    "--env", "--env-arg", "--model", "--split", "--episodes", "--k", "--samples-per-task", "--output", "--max-turns",
+    "--max-new-tokens", "--temperature", "--seed", "--engine", "--engines", "--runners", "--log", "--protocol",
+    "--list-protocols", "--compare",
+)
+"""The flags `agentrl eval --help` lists first."""
+
+SERVE_ALIASES: dict[str, str] = {
+    # The flags `agentrl serve` typed by hand before they were generated.
+    "--engine": "engine.kind", "--engines": "engine.replicas", "--engine-dtype": "engine.dtype",
+    "--family": "context.chat_family", "--thinking/--no-thinking": "context.enable_thinking",
+    "--max-context-tokens": "context.max_context_tokens", "--allowed-host": "allowed_hosts",
+}
+"""`agentrl serve`'s short flags."""
+
+SERVE_EVERYDAY: tuple[str, ...] = (
+    "--model", "--host", "--port", "--token", "--engine", "--engines", "--max-tokens", "--max-context-tokens",
+    "--record", "--allowed-host",
+)
+"""The flags `agentrl serve --help` lists first."""
+
+ENV_SERVE_ALIASES: dict[str, str] = {
+    # The flags `agentrl env serve` typed by hand before they were generated.
+    "--env": "env_id", "--allowed-host": "allowed_hosts",
+}
+"""`agentrl env serve`'s short flags (``--env-arg``, ``--max-body-mib`` and ``--read-timeout`` are the command's own:
+each sets more than one field)."""
+
+ENV_SERVE_EVERYDAY: tuple[str, ...] = (
+    "--env", "--env-arg", "--host", "--port", "--token", "--max-sessions", "--threads", "--allowed-host",
+    "--max-body-mib", "--read-timeout",
+)
+"""The flags `agentrl env serve --help` lists first."""
+
 SFT_EVERYDAY: tuple[str, ...] = (
     "--config", "--output", "--env", "--env-arg", "--model", "--data", "--demos", "--epochs", "--batch-size", "--lr",
     "--eval-episodes", "--trainers", "--log", "--overwrite",
@@ -89,6 +138,8 @@ class Leaf:
     """The field's resolved annotation."""
     doc: str
     """The field's attribute docstring (empty when the source cannot be read)."""
+    envvar: str | None = None
+    """An environment variable the flag is also read from (the field's ``envvar`` metadata)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,14 +169,14 @@ def _walk(cls: type, path: str, out: list[Section]) -> None:
     docs = field_docs(cls)
     leaves, children = [], []
     for f in dataclasses.fields(cls):
-        if not f.init:  # the config is rebuilt through __init__: such a field cannot be set
+        if not f.init or f.metadata.get("flag") is False:  # rebuilt through __init__; or set by a flag of its own
             continue
         child_path = f"{path}.{f.name}" if path else f.name
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             children.append((tp, child_path))
         else:
-            leaves.append(Leaf(child_path, tp, docs.get(f.name, "")))
+            leaves.append(Leaf(child_path, tp, docs.get(f.name, ""), f.metadata.get("envvar")))
     out.append(Section(path, first_sentence(_class_doc(cls).split("\n\n")[0]), tuple(leaves)))
     for child, child_path in children:
         _walk(child, child_path, out)
@@ -134,17 +185,43 @@ def _walk(cls: type, path: str, out: list[Section]) -> None:
 def field_docs(cls: type) -> dict[str, str]:
     """The attribute docstrings of a dataclass's fields: the string literal right after each annotated field.
 
-    Fields inherited from dataclass bases take their base's docstring unless the subclass documents them again.
+    Fields inherited from dataclass bases take their base's docstring unless the subclass documents them again. A
+    class that documents its fields in an ``Attributes:`` section of its docstring (Google style, as
+    `agentrl.http_guard.HttpLimits`) gives each field its entry there, unless the field has a docstring of its own.
     """
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         node = _class_node(klass)
         if node is None:
             continue
+        docs.update(_attributes_section(ast.get_docstring(node) or ""))
         for stmt, after in zip(node.body, node.body[1:]):
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and _is_string(after):
                 docs[stmt.target.id] = inspect.cleandoc(after.value.value)
     return docs
+
+
+def _attributes_section(doc: str) -> dict[str, str]:
+    """``name: text`` entries of a Google-style ``Attributes:`` section, each entry's indented lines joined."""
+    entries: dict[str, list[str]] = {}
+    lines = iter(doc.splitlines())
+    for line in lines:
+        if line.strip() == "Attributes:":
+            break
+    else:
+        return {}
+    current: list[str] | None = None
+    for line in lines:
+        if not line.strip():
+            continue
+        if not line.startswith(" "):  # the section ends at the next unindented line
+            break
+        match = re.match(r"^ {4}(\w+)(?: \([^)]*\))?: (.*)$", line)
+        if match:
+            current = entries.setdefault(match.group(1), [match.group(2)])
+        elif current is not None:
+            current.append(line.strip())
+    return {name: " ".join(text) for name, text in entries.items()}
 
 
 def _is_string(stmt: ast.stmt) -> bool:
@@ -219,6 +296,31 @@ class YamlValue(click.ParamType):
         return parsed
 
 
+class Ints(YamlValue):
+    """A list of integers: ``1,4,8`` as given, or a YAML list ``[1, 4, 8]``."""
+
+    name = "ints"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The integers, as a list in the order given."""
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        elif isinstance(value, str):
+            value = super().convert(value, param, ctx)
+        if not isinstance(value, (list, tuple)):
+            self.fail(f"expects comma-separated integers like 1,4,8, got {value!r}", param, ctx)
+        try:
+            return [_int(v) for v in value]
+        except ValueError:
+            self.fail(f"expects comma-separated integers like 1,4,8, got {','.join(map(str, value))!r}", param, ctx)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError(value)
+    return int(value)
+
+
 class Names(YamlValue):
     """One occurrence of a repeatable names flag: ``wandb`` or ``wandb,mlflow`` as given, or a YAML list ``[a, b]``.
 
@@ -246,30 +348,33 @@ def _yaml_problem(error: Exception) -> str:
 class ConfigOption(click.Option):
     """A click option that sets one config field: `path`, dotted."""
 
-    def __init__(self, leaf: Leaf, section: str, aliases: list[str]):
+    def __init__(self, leaf: Leaf, section: str, aliases: list[str], hidden: bool = False):
         """Build the option for `leaf`.
 
         Args:
             leaf: the field.
             section: the path of the section it is listed under in the help.
             aliases: extra names (``--short``; for a boolean, ``--on/--off``).
+            hidden: left out of the help (a renamed key's flag, `renamed_options`).
         """
         self.path, self.section = leaf.path, section
         tp = _strip_optional(leaf.type)
         _check_alias_form(leaf.path, tp, aliases)
         name, flag = "cfg__" + leaf.path.replace(".", "__"), "--" + leaf.path.replace("_", "-")
+        text = first_sentence(leaf.doc)
+        if leaf.envvar and leaf.envvar not in text:
+            text = f"{text} (env var {leaf.envvar})".lstrip()
+        common = {"default": None, "help": text, "envvar": leaf.envvar, "show_envvar": False}
         if tp is bool:
-            super().__init__([name, f"{flag}/{_off_switch(flag)}", *aliases], is_flag=True, default=None,
-                             help=first_sentence(leaf.doc))
+            super().__init__([name, f"{flag}/{_off_switch(flag)}", *aliases], is_flag=True, **common)
             self.type_label = ""
         elif tp == tuple[str, ...]:  # names: repeat the flag or separate them by commas (the config splits them)
             self.type_label = "NAME[,NAME]"
-            super().__init__([name, flag, *aliases], multiple=True, type=Names(), default=None,
-                             metavar=self.type_label, help=first_sentence(leaf.doc))
+            super().__init__([name, flag, *aliases], multiple=True, type=Names(), metavar=self.type_label, **common)
         else:
             click_type, self.type_label = _click_type(tp)
-            super().__init__([name, flag, *aliases], type=click_type, default=None, metavar=self.type_label,
-                             help=first_sentence(leaf.doc))
+            super().__init__([name, flag, *aliases], type=click_type, metavar=self.type_label, **common)
+        self.hidden = hidden
 
     def process_value(self, ctx: click.Context, value: Any) -> Any:
         """The value; a repeatable flag's occurrences as one list, None when not given (so it overrides nothing)."""
@@ -334,6 +439,8 @@ def _click_type(tp: Any) -> tuple[click.ParamType, str]:
     """The click type and metavar of a (non-boolean) field's type; anything but a scalar or a choice is YAML."""
     if tp in _SCALARS:
         return _SCALARS[tp]
+    if tp == tuple[int, ...]:
+        return Ints(), "INT[,INT]"
     choices = typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
     if choices and all(isinstance(c, str) for c in choices):  # YAML would turn Literal["on", "off"] into booleans
         return click.Choice(choices), "[" + "|".join(choices) + "]"
@@ -362,6 +469,17 @@ def config_options(root_cls: type, aliases: Mapping[str, str] | None = None) -> 
                for section in tree for leaf in section.leaves]
     _check_unique(options)
     return options
+
+
+def renamed_options(root_cls: type) -> list[ConfigOption]:
+    """A hidden flag per key the config still reads by its old name (``RENAMED``: `agentrl.config.RENAMED_KEYS`).
+
+    ``--advantage.gamma 0.9`` keeps working until the release that removes the key: the flag hands its old dotted
+    path to `agentrl.config.apply_overrides`, which sets the new place (``advantage.options.gamma``) with a warning.
+    """
+    renamed = getattr(root_cls, "RENAMED", {})
+    return [ConfigOption(Leaf(old, r.type, f"Old name of {r.new} (read until {r.removed_in})."), "", [], hidden=True)
+            for old, r in renamed.items()]
 
 
 def _check_unique(params: Iterable[click.Parameter]) -> None:
@@ -401,7 +519,7 @@ class ConfigCommand(click.Command):
             **kwargs: `click.Command`'s (callback, help, ...).
         """
         self.root, self.everyday = root, tuple(everyday)
-        self.config_params = config_options(root, aliases)
+        self.config_params = config_options(root, aliases) + renamed_options(root)
         _check_unique([*params, *self.config_params])
         super().__init__(name, params=[*params, *self.config_params], **kwargs)
 
@@ -423,7 +541,7 @@ class ConfigCommand(click.Command):
         with formatter.indentation():
             formatter.write_dl(rows + [p.get_help_record(ctx) for p in rest])
         for section in sections(self.root):
-            rows = [opt.row() for opt in self.config_params if opt.section == section.path]
+            rows = [opt.row() for opt in self.config_params if opt.section == section.path and not opt.hidden]
             if rows:
                 formatter.write_paragraph()
                 formatter.write_text(f"{section.path}: {section.doc}" if section.path else "General:")
@@ -452,17 +570,73 @@ def _cut(text: str, room: int) -> str:
     return cut.rstrip(",;:(") + "..."  # ASCII: a terminal without UTF-8 must still print the help
 
 
+@dataclasses.dataclass(frozen=True)
+class CommandFlags:
+    """One config command's flags: its root config, its short flags and the flags its help lists first."""
+
+    root: str
+    """The root config dataclass, ``package.module:Class`` (imported when the command is built, not for ``agentrl``)."""
+    aliases: Mapping[str, str]
+    """Short flag -> dotted path (`ALIASES`)."""
+    everyday: tuple[str, ...]
+    """The flags its ``--help`` lists first, in order (`EVERYDAY`); the command's own options among them."""
+
+
+COMMANDS: dict[str, CommandFlags] = {
+    "run": CommandFlags("agentrl.config:RunConfig", ALIASES, EVERYDAY),
+    "sft": CommandFlags("agentrl.recipes.sft:SFTConfig", SFT_ALIASES, SFT_EVERYDAY),
+    "eval": CommandFlags("agentrl.recipes.evaluate:EvalConfig", EVAL_ALIASES, EVAL_EVERYDAY),
+    "serve": CommandFlags("agentrl.recipes.serve:ServeConfig", SERVE_ALIASES, SERVE_EVERYDAY),
+    "env serve": CommandFlags("agentrl.envs.server:ServeSettings", ENV_SERVE_ALIASES, ENV_SERVE_EVERYDAY),
+}
+"""Every command whose flags are generated: its name (as typed after ``agentrl``) -> its root and tables."""
+
+
+def root_of(name: str) -> type:
+    """The root config dataclass of command `name` (`COMMANDS`)."""
+    import importlib
+
+    module, _, attr = COMMANDS[name].root.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def config_command(name: str, callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:
+    """Command `name` of `COMMANDS`: its own options (`params`), then one flag per field of its root config.
+
+    The callback gets its own options by name and the config flags given as ``overrides`` (dotted path -> value).
+    """
+    flags = COMMANDS[name]
+    return ConfigCommand(name.rpartition(" ")[2], root_of(name), flags.aliases, flags.everyday, params,
+                         callback=callback, help=help, context_settings={"max_content_width": 120})
+
+
 def run_command(callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:
     """`agentrl run`: its own options (`params`), one flag per `RunConfig` field, and `ALIASES`."""
-    from agentrl.config import RunConfig
-
-    return ConfigCommand("run", RunConfig, ALIASES, EVERYDAY, params, callback=callback, help=help,
-                         context_settings={"max_content_width": 120})
+    return config_command("run", callback, params, help)
 
 
 def sft_command(callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:
     """`agentrl sft`: its own options (`params`), one flag per `SFTConfig` field, and `SFT_ALIASES`."""
-    from agentrl.recipes.sft import SFTConfig
+    return config_command("sft", callback, params, help)
 
-    return ConfigCommand("sft", SFTConfig, SFT_ALIASES, SFT_EVERYDAY, params, callback=callback, help=help,
-                         context_settings={"max_content_width": 120})
+
+def invoke(command: click.Command, args: list[str], prog_name: str) -> Any:
+    """Run a generated command on the arguments typer passed through; a usage error ends in one line (exit 2).
+
+    Typer is only the registry of commands: it hands every argument of a config command on unparsed (its
+    ``context_settings``: `PASS_THROUGH`), since it cannot take a generated set of options.
+    """
+    from agentrl.cli.common import fail
+
+    try:
+        return command.main(args, prog_name=prog_name, standalone_mode=False)
+    except click.UsageError as e:  # a bad flag or value: one line, as every other error here
+        fail(e.format_message())
+    except click.Abort:
+        fail("interrupted", code=130)
+
+
+PASS_THROUGH: dict[str, Any] = {"ignore_unknown_options": True, "allow_extra_args": True,
+                                "allow_interspersed_args": False}
+"""The typer ``context_settings`` of a config command (registered with ``add_help_option=False``): every argument,
+``--help`` too, goes to `invoke`."""

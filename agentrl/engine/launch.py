@@ -21,8 +21,8 @@ def choose_engine(requested: str, model: Any, model_name: str) -> tuple[str, str
 
     ``auto`` means vLLM where it imports and can serve the model (its architecture is in vLLM's registry; on the CPU
     build, its head size is one the CPU attention serves), else the HF engine. vLLM's continuous batching and prefix
-    cache make multi-turn rollouts several times faster on the same hardware (`bench/engine_throughput.py`); the HF
-    engine runs every model transformers loads. ``hf`` and ``vllm`` are taken as asked (a vLLM that cannot serve the
+    cache make multi-turn rollouts several times faster on the same hardware (`bench/micro/engine_throughput.py`); the
+    HF engine runs every model transformers loads. ``hf`` and ``vllm`` are taken as asked (a vLLM that cannot serve the
     model is refused later with the reason).
     """
     if requested != "auto":

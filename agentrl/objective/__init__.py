@@ -10,21 +10,28 @@ Routing Replay (`agentrl.training.routing_replay`) shrinks both for MoE models.
     loss, metrics = policy_loss("minirl", logp, old_logp, rollout_logp, adv, mask)  # scalar, dict[str, float]
 
 Modules: `losses` (the registry `LOSSES`), `corrections` (TIS / IcePop / MIS, rejection masks), `aggregation`,
-`advantages` (`ADVANTAGES`), `gigpo` (step-level advantages), `credit` (per-turn advantages from any estimator),
+`advantages` (the registry `ADVANTAGES`, GiGPO included), `gigpo` (step-level advantages), `credit` (per-turn
+advantages from any estimator, dispatched on the level its entry declares),
 `reference_kl` (KL to a reference model, in the loss or the reward), `overlong`, `minibatches`, `diagnostics`,
 `collapse_guard`.
 """
 
-from agentrl.objective.advantages import ADVANTAGES, check_advantage_options, compute_advantages, informative_groups
+from agentrl.objective.advantages import (
+    ADVANTAGES,
+    AdvantageSpec,
+    advantage_options,
+    compute_advantages,
+    informative_groups,
+)
 from agentrl.objective.aggregation import AGG_MODES, aggregate
 from agentrl.objective.collapse_guard import CollapseGuard, GuardVerdict
 from agentrl.objective.corrections import CORRECTIONS, CorrectionResult, correction_weights, rejection_mask
-from agentrl.objective.credit import TURN_ESTIMATORS, check_turn_advantage_options, turn_advantages
+from agentrl.objective.credit import turn_advantages
 from agentrl.objective.diagnostics import importance_weight_stats, kl_estimates, token_entropy
-from agentrl.objective.gigpo import EpisodeSteps, episode_steps, gigpo_advantages
+from agentrl.objective.gigpo import EpisodeSteps, GiGPOOptions, episode_steps, gigpo_advantages
 from agentrl.objective.losses import LOSSES, LossOptions, loss_options, policy_loss
 from agentrl.objective.minibatches import minibatch_indices
-from agentrl.objective.overlong import OverlongConfig, apply_overlong, overlong_penalty
+from agentrl.objective.overlong import apply_overlong, overlong_penalty
 from agentrl.objective.reference_kl import KL_ESTIMATORS, kl_penalty, kl_reward_penalty
 
 __all__ = [
@@ -33,17 +40,16 @@ __all__ = [
     "CORRECTIONS",
     "KL_ESTIMATORS",
     "LOSSES",
-    "TURN_ESTIMATORS",
+    "AdvantageSpec",
     "CollapseGuard",
     "CorrectionResult",
     "EpisodeSteps",
+    "GiGPOOptions",
     "GuardVerdict",
     "LossOptions",
-    "OverlongConfig",
+    "advantage_options",
     "aggregate",
     "apply_overlong",
-    "check_advantage_options",
-    "check_turn_advantage_options",
     "compute_advantages",
     "correction_weights",
     "episode_steps",

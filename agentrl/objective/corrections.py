@@ -20,9 +20,9 @@ Sequence-level ratios clamp the SUM of the log-ratios to +-20 (as verl and TRL d
 each token first would change the product of a long response whose ratios are individually extreme but cancel.
 
 Departure from the paper, on purpose: MiniRL's text truncates pi_theta / mu; we truncate the decoupled rho =
-pi_old / mu as verl and slime do (the open point in docs/objective.md). The two agree while no weight reaches the
-cap; the decoupled form keeps the correction a function of the rollout alone (constant across the off-policy
-mini-batch updates) and lets the clip alone control the staleness ratio pi_theta / pi_old.
+pi_old / mu as verl and slime do (the open point of docs/objective.md §1, "TIS placement"). The two agree while no
+weight reaches the cap; the decoupled form keeps the correction a function of the rollout alone (constant across the
+off-policy mini-batch updates) and lets the clip alone control the staleness ratio pi_theta / pi_old.
 """
 
 from __future__ import annotations

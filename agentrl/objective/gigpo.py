@@ -16,6 +16,10 @@ Anchor state: the observation the agent acted on at that step: `first_observatio
 turn's `observation` after that, compared as exact strings (verl-agent's default, without its similarity option).
 Singleton groups (an episode alone in its group, a state only one step visited) get 0, the rule every estimator in
 `agentrl.objective.advantages` follows. Defaults gamma = 0.95 and omega = 1 are verl-agent's.
+
+GiGPO is registered in `agentrl.objective.advantages.ADVANTAGES` as "gigpo", with `GiGPOOptions`; its entry is a
+"step"-level one, so `agentrl.objective.credit.turn_advantages` hands it every trajectory's `EpisodeSteps` rather
+than one reward per episode.
 """
 
 from __future__ import annotations
@@ -24,10 +28,36 @@ import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentrl.records import Trajectory
 
-__all__ = ["EpisodeSteps", "episode_steps", "gigpo_advantages", "discounted_returns"]
+__all__ = [
+    "EpisodeSteps", "GiGPOOptions", "episode_steps", "gigpo_advantages", "gigpo_step_advantages", "discounted_returns",
+]
+
+
+@dataclass(frozen=True)
+class GiGPOOptions:
+    """GiGPO's options (the `advantage.options` of estimator "gigpo"); the defaults are verl-agent's.
+
+    Attributes:
+        gamma: discount of the step returns, in [0, 1].
+        step_weight: omega, the weight of the step-level advantage (0 gives episode-level GRPO / group-mean).
+        normalize_std: divide by the group's unbiased std (+ eps), as in the paper; False only centres.
+        eps: added to the std.
+    """
+
+    gamma: float = 0.95
+    step_weight: float = 1.0
+    normalize_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gigpo gamma must be in [0, 1], got {self.gamma}")
+        if self.step_weight < 0:
+            raise ValueError(f"gigpo step_weight must be >= 0, got {self.step_weight}")
 
 
 @dataclass(frozen=True)
@@ -64,33 +94,27 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return out
 
 
-def gigpo_advantages(
-    episodes: Sequence[EpisodeSteps],
-    *,
-    gamma: float = 0.95,
-    step_weight: float = 1.0,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-) -> list[tuple[float, ...]]:
+def gigpo_advantages(episodes: Sequence[EpisodeSteps], **options: Any) -> list[tuple[float, ...]]:
+    """`gigpo_step_advantages` with its options by keyword (`GiGPOOptions` fields; what is left out: its default).
+
+    Raises:
+        TypeError: on an option `GiGPOOptions` does not have.
+        ValueError: on gamma outside [0, 1] or a negative step weight.
+    """
+    return gigpo_step_advantages(episodes, GiGPOOptions(**options))
+
+
+def gigpo_step_advantages(episodes: Sequence[EpisodeSteps], opts: GiGPOOptions) -> list[tuple[float, ...]]:
     """One advantage per step of every episode: the episode-level one plus `step_weight` times the step-level one.
 
     Args:
         episodes: the batch's episodes.
-        gamma: discount of the step returns, in [0, 1].
-        step_weight: omega, the weight of the step-level advantage (0 gives episode-level GRPO / group-mean).
-        normalize_std: divide by the group's unbiased std (+ eps), as in the paper; False only centres.
-        eps: added to the std.
+        opts: gamma, step weight, std normalisation and eps.
 
     Returns:
         Per episode, a tuple with one float per step.
-
-    Raises:
-        ValueError: on gamma outside [0, 1] or a negative step weight.
     """
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gigpo gamma must be in [0, 1], got {gamma}")
-    if step_weight < 0:
-        raise ValueError(f"gigpo step_weight must be >= 0, got {step_weight}")
+    gamma, step_weight, normalize_std, eps = opts.gamma, opts.step_weight, opts.normalize_std, opts.eps
     totals = [sum(ep.rewards) for ep in episodes]
     episode_groups: dict[int, list[int]] = defaultdict(list)
     for i, ep in enumerate(episodes):

@@ -1,6 +1,6 @@
 """Policy losses: one small function per objective, chosen by name from `LOSSES`.
 
-Notation (docs/objective.md): N responses, T = padded response length.
+Notation (docs/objective.md, its opening "Notation"): N responses, T = padded response length.
     logp          log pi_theta(y_t)  [N, T], has grad (the policy being updated)
     old_logp      log pi_old(y_t)    [N, T], training engine at rollout parameters, no grad
     rollout_logp  log mu_old(y_t)    [N, T], inference engine at rollout time, no grad

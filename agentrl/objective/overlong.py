@@ -12,40 +12,25 @@ DAPO offers two remedies, both here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-__all__ = ["OVERLONG_MODES", "OverlongConfig", "overlong_penalty", "apply_overlong"]
-
-OVERLONG_MODES: tuple[str, ...] = ("none", "filter", "penalize")
+__all__ = ["OverlongSettings", "overlong_penalty", "apply_overlong"]
 
 
-@dataclass(frozen=True)
-class OverlongConfig:
-    """How to treat responses that hit the length budget.
+class OverlongSettings(Protocol):
+    """What `apply_overlong` reads.
 
-    Attributes:
-        mode: "none", "filter" or "penalize".
-        max_length: the response length budget L_max (tokens); needed by "penalize".
-        cache_length: the soft band L_cache before L_max where the penalty ramps up (DAPO: 4096 of 20480).
-        penalty_factor: the penalty at and beyond L_max.
+    The run config's ``loss.overlong`` section (`agentrl.config.OverlongConfig`, the one definition, with each
+    field's meaning) has these fields; the objective does not import the config.
     """
 
-    mode: str = "none"
-    max_length: int | None = None
-    cache_length: int = 4096
-    penalty_factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.mode not in OVERLONG_MODES:
-            raise ValueError(f"unknown overlong mode {self.mode!r}; choose one of {', '.join(OVERLONG_MODES)}")
-        if self.mode == "penalize":
-            if self.max_length is None or self.max_length <= 0:
-                raise ValueError("overlong mode 'penalize' needs max_length > 0")
-            if not 0 < self.cache_length <= self.max_length:
-                raise ValueError(f"cache_length must be in (0, max_length]; got {self.cache_length}")
+    mode: str
+    max_length: int | None
+    cache_length: int
+    penalty_factor: float
 
 
 def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int, factor: float = 1.0) -> Tensor:
@@ -65,7 +50,7 @@ def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int, factor
 
 
 def apply_overlong(
-    rewards: Tensor, lengths: Tensor, truncated: Tensor, mask: Tensor, config: OverlongConfig
+    rewards: Tensor, lengths: Tensor, truncated: Tensor, mask: Tensor, config: OverlongSettings
 ) -> tuple[Tensor, Tensor]:
     """Apply the configured overlong treatment.
 
@@ -74,16 +59,22 @@ def apply_overlong(
         lengths: `[N]` response lengths (tokens).
         truncated: `[N]` bool, True where generation stopped at the budget.
         mask: `[N, T]` loss mask.
-        config: the `OverlongConfig`.
+        config: the ``loss.overlong`` section (`agentrl.config.OverlongConfig`); "penalize" needs its `max_length`.
 
     Returns:
         `(rewards [N], mask [N, T])`, new tensors; the inputs are not modified.
+
+    Raises:
+        ValueError: "penalize" without a max_length.
     """
     if config.mode == "filter":
         keep = (~truncated.bool()).unsqueeze(1)  # [N, 1]
         new_mask = mask & keep if mask.dtype == torch.bool else mask * keep.to(mask.dtype)  # [N, T]
         return rewards.clone(), new_mask
     if config.mode == "penalize":
+        if config.max_length is None:
+            raise ValueError("overlong mode 'penalize' needs max_length: the response length budget (the trainer "
+                             "fills in the per-turn token budget)")
         penalty = overlong_penalty(lengths, config.max_length, config.cache_length, config.penalty_factor)  # [N]
         return rewards + penalty.to(rewards.dtype), mask.clone()
     return rewards.clone(), mask.clone()

@@ -48,18 +48,18 @@ from agentrl.config import (
     read_run_config,
 )
 from agentrl.engine.base import RequestEngine, SamplingParams
-from agentrl.engine.launch import choose_engine
+from agentrl.engine.plan import EnginePlan, plan_engine
 from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
+from agentrl.protocols.protocol import ProtocolRun  # at run time: the config is rebuilt from its type hints
 from agentrl.records import Trajectory, save_trajectories
 
 if TYPE_CHECKING:
-    from agentrl.protocols import ProtocolRun
     from agentrl.rollout.pool import LocalPool, RayPool
 
 __all__ = [
-    "EVAL_SEED_OFFSET", "EvalConfig", "EvalError", "eval_env", "ResolvedSampling", "ThinkingMode", "THINKING_MODES",
-    "official_sampling", "resolve_split", "summarize", "evaluate", "load_results", "training_sampling",
-    "from_protocol",
+    "EVAL_SEED_OFFSET", "EvalConfig", "EvalEnvConfig", "SamplingOverrides", "EvalError", "eval_env",
+    "ResolvedSampling", "ThinkingMode", "THINKING_MODES", "official_sampling", "resolve_split", "summarize",
+    "evaluate", "load_results", "training_sampling", "from_protocol",
 ]
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -268,69 +268,143 @@ def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mappin
     return kwargs, kwargs["split"]
 
 
-def eval_env(env_id: str, kwargs: Mapping[str, Any] | None = None, *, max_turns: int = 20,
-             seed_offset: int = EVAL_SEED_OFFSET) -> EnvConfig:
-    """The `env` section of an evaluation: `env_id` on held-out task seeds, 20 model calls per episode by default."""
-    return EnvConfig(id=env_id, kwargs=dict(kwargs or {}), max_turns=max_turns, seed_offset=seed_offset)
+@dataclass
+class EvalEnvConfig(EnvConfig):
+    """The env an evaluation plays: `EnvConfig` on held-out task seeds, with eval's own episode budget."""
+
+    seed_offset: int = EVAL_SEED_OFFSET
+    """First task seed; eval's start far above the seeds training draws (0, 1, 2, ...), so no training task is
+    replayed."""
+    max_turns: int = 20
+    """Model calls per episode (envs with their own step budget end sooner: WebShop 15, GUI 25)."""
+
+
+def eval_env(env_id: str, kwargs: Mapping[str, Any] | None = None, *, max_turns: int | None = None,
+             seed_offset: int | None = None) -> EvalEnvConfig:
+    """The `env` section of an evaluation: `env_id` with `kwargs`; what is not given, `EvalEnvConfig`'s defaults."""
+    given = {"max_turns": max_turns, "seed_offset": seed_offset}
+    return EvalEnvConfig(id=env_id, kwargs=dict(kwargs or {}), **{k: v for k, v in given.items() if v is not None})
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingOverrides(Mapping[str, Any]):
+    """Sampling settings that replace the model's official ones; unset (None) keeps the official value.
+
+    As a mapping it holds the settings that are set, which is what `official_sampling` takes as ``overrides``.
+    """
+
+    temperature: float | None = None
+    """Sampling temperature (0 = greedy)."""
+    top_p: float | None = None
+    """Nucleus sampling mass (1 = off)."""
+    top_k: int | None = None
+    """Top-k sampling (0 = off)."""
+    min_p: float | None = None
+    """Min-p sampling (0 = off)."""
+    repetition_penalty: float | None = None
+    """Repetition penalty (1 = off)."""
+    presence_penalty: float | None = None
+    """Presence penalty (0 = off)."""
+    frequency_penalty: float | None = None
+    """Frequency penalty (0 = off)."""
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any]) -> SamplingOverrides:
+        """The overrides in `settings` (setting name -> value; None values count as unset).
+
+        Raises:
+            EvalError: a name that is not a sampling setting.
+        """
+        if isinstance(settings, SamplingOverrides):
+            return settings
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise EvalError(f"unknown sampling setting {unknown[0]!r}; known: {', '.join(SAMPLING_KEYS)}")
+        return cls(**settings)
+
+    def _set(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def __getitem__(self, key: str) -> Any:
+        """The value of a setting that is set (KeyError otherwise)."""
+        return self._set()[key]
+
+    def __iter__(self):
+        """The names of the settings that are set, in field order."""
+        return iter(self._set())
+
+    def __len__(self) -> int:
+        """How many settings are set."""
+        return len(self._set())
+
+    def __repr__(self) -> str:
+        """``SamplingOverrides(temperature=0.2)``: the settings that are set."""
+        return f"SamplingOverrides({', '.join(f'{k}={v!r}' for k, v in self.items())})"
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What `agentrl eval` runs: RL's `env`, `engine`, `runners` and `context` sections, and what only eval has.
+    """What `agentrl eval` runs: RL's `env`, `engine`, `runners`, `context` and `log` sections, and what only eval has.
 
-    Attributes:
-        model: built-in name, local folder (a run's ``checkpoint/``) or hub id.
-        env: the env, its arguments, the first task seed and the model calls per episode (envs with their own step
-            budget end sooner). Build it with `eval_env`, which starts at the held-out seeds (`EVAL_SEED_OFFSET`):
-            an `EnvConfig` of its own starts at RL's training seeds (0) unless it says otherwise.
-        engine: the engine kind (``auto``: vLLM where it serves the model, else HF; the results record the kind used;
-            the sampler seed reproduces results within one kind, not across), replicas (more than one runs them as
-            Ray actors, as ``agentrl run --engines`` does), precision (empty: the model's) and batch size.
-        runners: concurrent env runners in Ray actors, as in training (0 = envs in this process).
-        context: how prompts are built; None = the training run's own (from ``RUN/config.yaml`` when `model` is
-            ``RUN/checkpoint``), else the defaults.
-        split: held-out split; None = ``test`` where the env has splits.
-        episodes: tasks (env seeds) to evaluate.
-        ks: the k of pass@k to report.
-        samples_per_task: episodes per task (n of pass@k); None = max(ks).
-        max_new_tokens: per turn. Eval samples at the model's official settings, not the training sampler's, so
-            this is eval's own budget rather than RL's `sampling` section.
-        max_context_tokens: an episode whose prompt grows past this is truncated; eval's own, so that every model
-            compared (a base model has no run to take one from) plays under the same budget.
-        seed: sampler seed (the same seed gives the same results).
-        thinking: force thinking on / off; None = what the checkpoint trained with, else the family default.
-        sampling_overrides: flags overriding the official settings, e.g. ``{"temperature": 1.0}``.
-        ray_address: join this Ray cluster instead of starting a local one (env runners and engines, as in training).
-        output: folder for results.json, report.html and trajectories.jsonl.
-        confidence: level of every interval.
-        transcripts: sampled episodes shown in the report.
-        log: experiment trackers that also get the results, the settings and the episodes (`agentrl.trackers`).
-        protocol: the named protocol this evaluation runs (build the config with `from_protocol`), with the
-            overrides given on top of it; None = no protocol. Under a protocol the env's arguments are the
-            protocol's (not the training run's), its sampling replaces the model's official settings, and the
-            panel's fingerprint is checked before the model loads.
+    Every field is a flag of ``agentrl eval`` (`agentrl.cli.flags`): ``--episodes``, ``--env.max-turns``, ...
     """
 
     model: str
-    env: EnvConfig = field(default_factory=lambda: eval_env("math"))
+    """A built-in (smollm2-135m, tiny-qwen3), a run's ``checkpoint/`` folder, or a hub id."""
+    env: EvalEnvConfig = field(default_factory=lambda: EvalEnvConfig())
+    """The env, its arguments, the first task seed and the model calls per episode. `EvalEnvConfig` starts at the
+    held-out seeds (`EVAL_SEED_OFFSET`): an `EnvConfig` given here keeps its own seed offset (RL's 0 unless it says
+    otherwise)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """The engine kind (``auto``: vLLM where it serves the model, else HF; the results record the kind used; the
+    sampler seed reproduces results within one kind, not across), replicas (more than one runs them as Ray actors, as
+    ``agentrl run --engines`` does), precision (empty: the model's) and batch size."""
     runners: RunnersConfig = field(default_factory=RunnersConfig)
+    """Concurrent env runners in Ray actors, as in training (0 = envs in this process)."""
     context: ContextConfig | None = None
+    """How prompts are built (a mapping of `ContextConfig` fields); unset: the training run's own (from
+    ``RUN/config.yaml`` when `model` is ``RUN/checkpoint``), else the defaults."""
     split: str | None = None
+    """Held-out split; unset: ``test`` where the env has splits."""
     episodes: int = 32
+    """Tasks (env seeds) to evaluate."""
     ks: tuple[int, ...] = (1,)
+    """The k of pass@k to report, comma-separated (``--k 1,4,8``)."""
     samples_per_task: int | None = None
+    """Episodes per task (n of pass@k); unset: the largest k."""
     max_new_tokens: int = 256
+    """New tokens per turn. Eval samples at the model's official settings, not the training sampler's, so this is
+    eval's own budget rather than RL's `sampling` section."""
     max_context_tokens: int = 4096
+    """An episode whose prompt grows past this is truncated; eval's own, so that every model compared (a base model
+    has no run to take one from) plays under the same budget."""
     seed: int = 0
+    """Sampler seed (the same seed gives the same results)."""
     thinking: bool | None = None
-    sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Force thinking on or off; unset: what the checkpoint trained with, else the family's default."""
+    sampling_overrides: SamplingOverrides = field(default_factory=SamplingOverrides)
+    """Settings that replace the model's official sampling (``--temperature 1.0``), each recorded as a flag's."""
     ray_address: str | None = None
+    """Ray cluster to join for env runners and engines (as in training); unset: the one ``RAY_ADDRESS`` names, else a
+    local Ray when needed."""
     output: str = "runs/eval"
+    """Folder for results.json, report.html and trajectories.jsonl."""
     confidence: float = 0.95
+    """Level of every interval."""
     transcripts: int = 6
+    """Sampled episodes shown in the report."""
     log: LogConfig = field(default_factory=LogConfig)
-    protocol: ProtocolRun | None = None
+    """Experiment trackers that also get the results, the settings and the episodes (`agentrl.trackers`)."""
+    protocol: ProtocolRun | None = field(default=None, metadata={"flag": False})
+    """The named protocol this evaluation runs (``--protocol NAME``; build the config with `from_protocol`), with
+    the overrides given on top of it; None = no protocol. Under a protocol the env's arguments are the protocol's
+    (not the training run's), its sampling replaces the model's official settings, and the panel's fingerprint is
+    checked before the model loads."""
+
+    def __post_init__(self) -> None:
+        # A plain mapping ({"temperature": 1.0}, as callers and YAML give it) becomes the typed overrides.
+        object.__setattr__(self, "sampling_overrides", SamplingOverrides.of(self.sampling_overrides))
 
     @property
     def n(self) -> int:
@@ -363,7 +437,7 @@ def from_protocol(run: ProtocolRun, model: str, *, output: str = "runs/eval", en
     Raises:
         EvalError: an override the protocol has no setting for.
     """
-    from agentrl.protocols import OVERRIDABLE
+    from agentrl.protocols.protocol import OVERRIDABLE
 
     unknown = sorted(set(run.overrides) - set(OVERRIDABLE))
     if unknown:
@@ -515,35 +589,18 @@ def _tasks_per_chunk(cfg: EvalConfig) -> int:
     return max(1, (2 * cfg.engine.batch_size) // cfg.n)
 
 
-def _build_engine(cfg: EvalConfig, policy) -> RequestEngine:
-    """The engine(s) the evaluation samples from, built as training builds them (`agentrl.engine.build_engines`).
+def _build_engine(cfg: EvalConfig, plan: EnginePlan, policy) -> RequestEngine:
+    """The engine(s) the evaluation samples from, built from its engine plan as training builds them.
 
     Evaluation never changes the weights, so an in-process HF engine samples from the loaded module itself (no
     copy, unless `cfg.engine.dtype` asks for another precision); vLLM and engine actors read the same weights from a
-    saved folder.
+    saved folder. One replica stays in this process even on a cluster (the runners use it): no weights to ship.
     """
-    import torch
+    from agentrl.engine import EngineError, build_engines
 
-    from agentrl.engine import EngineError, EngineSpec, build_engines
-    from agentrl.engine.kv_cache import size_kv_cache
-
-    dtype = cfg.engine.dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    context = cfg.context.max_context_tokens + cfg.max_new_tokens
-    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks), spread over the engines.
-    episodes = math.ceil(_tasks_per_chunk(cfg) * cfg.n / cfg.engine.replicas)
-    available = None
-    if cfg.engine.replicas > 1 and not cfg.ray_address:  # local replicas share this machine's memory
-        import psutil
-
-        available = psutil.virtual_memory().available // cfg.engine.replicas
-    kv_gib = cfg.engine.kv_cache_gib or size_kv_cache(
-        policy.model.config, torch.finfo(getattr(torch, dtype)).bits // 8, episodes, context, available)[0]
-    spec = EngineSpec(kind=cfg.engine.kind, dtype=dtype, batch_size=cfg.engine.batch_size, seed=cfg.seed,
-                      max_model_len=context, kv_cache_gib=kv_gib, vllm=cfg.engine.vllm)
     try:
-        # One replica stays in this process even on a cluster (the runners use it): no weights to ship to an actor.
-        return build_engines(spec, policy, replicas=cfg.engine.replicas, share_module=True,
-                             ray_address=cfg.ray_address if cfg.engine.replicas > 1 else None)
+        return build_engines(plan.spec(cfg.engine, seed=cfg.seed), policy, replicas=cfg.engine.replicas,
+                             share_module=True, ray_address=cfg.ray_address if cfg.engine.replicas > 1 else None)
     except EngineError as e:
         raise EvalError(str(e)) from None
 
@@ -624,15 +681,18 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         resolved = replace(resolved, sources={**resolved.sources, "max_new_tokens": budget})
     _print_settings(console, resolved, trained)
 
-    kind, why = choose_engine(cfg.engine.kind, policy.model, cfg.model)
-    if kind != cfg.engine.kind:
-        console.print(f"engine: {kind} ({why})")
-        cfg = replace(cfg, engine=replace(cfg.engine, kind=kind))
+    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks), spread over the engines.
+    engine_plan = plan_engine(cfg.engine, policy, cfg.model, episodes_in_flight=_tasks_per_chunk(cfg) * cfg.n,
+                              max_model_len=cfg.context.max_context_tokens + cfg.max_new_tokens,
+                              on_cluster=bool(cfg.ray_address) and cfg.engine.replicas > 1)
+    if engine_plan.kind != cfg.engine.kind:
+        console.print(f"engine: {engine_plan.kind} ({engine_plan.why})")
+        cfg = replace(cfg, engine=replace(cfg.engine, kind=engine_plan.kind))
     # The training run's context (observation role, recap, family, per-turn budgets), thinking as resolved.
     rollout_kwargs = replace(context, enable_thinking=resolved.chat_kwargs.get("enable_thinking")).rollout_kwargs(
         policy.family)
     torch.manual_seed(cfg.seed)
-    engine = _build_engine(cfg, policy)
+    engine = _build_engine(cfg, engine_plan, policy)
     start = time.perf_counter()
     bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
                desc=f"eval {cfg.env.id} x {policy.name}")
@@ -682,7 +742,7 @@ def _log_to_trackers(log_cfg: LogConfig, out: Path, results: Mapping[str, Any], 
     """The evaluation's settings, summary numbers, episode table and transcripts, to the trackers of `log_cfg`."""
     if not log_cfg.trackers:
         return
-    from agentrl.trackers import RunLog, clear_tracker_files
+    from agentrl.trackers.runlog import RunLog, clear_tracker_files
 
     clear_tracker_files(out)  # results.json was just replaced: an earlier evaluation's tracker files go with it
     settings = {k: results[k] for k in ("env", "model", "tasks", "sampling", "engine", "context", "confidence")}
@@ -701,7 +761,7 @@ def _check_panel(run: ProtocolRun, env, seeds: Sequence[int], console) -> str:
     The check applies to the protocol as named: overrides of the env or the panel make other tasks on purpose (the
     result then says "+ overrides").
     """
-    from agentrl.protocols import panel_fingerprint
+    from agentrl.protocols.protocol import panel_fingerprint
 
     protocol = run.protocol
     fingerprint = panel_fingerprint(env, seeds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentrl.env import TextEnv
+from agentrl.envs.core import TextEnv
 
 __all__ = ["PlayResult", "play_episode"]
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,20 +16,18 @@ import torch
 import yaml
 
 import agentrl
-from agentrl.chat.context import ChatContext
-from agentrl.chat.layout import resolve_context
-from agentrl.cluster import choose_address, start_ray
+from agentrl.cluster import choose_address, connect_ray
 from agentrl.config import ConfigError, RunConfig, config_to_dict
-from agentrl.engine import EngineError, EngineSpec, SamplingParams, build_engines, choose_engine
-from agentrl.engine.kv_cache import size_kv_cache
-from agentrl.env import TextEnv
+from agentrl.engine import EngineError, SamplingParams, build_engines
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard
-from agentrl.plan import RunPlan
+from agentrl.recipes.plan import ClusterPlan, RunPlan, plan_run
 from agentrl.recipes.stops import claim_sigterm
+from agentrl.rollout.agents import AgentRollout
+from agentrl.rollout.driver import RolloutDriver
+from agentrl.rollout.plan import is_single_turn
 from agentrl.rollout.scheduler import RolloutScheduler
-from agentrl.trackers import RunLog, clear_tracker_files
-from agentrl.training.allocator import run_threshold_kb
+from agentrl.trackers.runlog import RunLog, clear_tracker_files
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.checkpoint import (
     CHECKPOINT,
@@ -41,17 +37,14 @@ from agentrl.training.checkpoint import (
     save_checkpoint,
 )
 from agentrl.training.factory import build_backend
-from agentrl.training.lora import ADAPTER_CONFIG, adapter_parameter_count, add_lora, load_adapter_into
-from agentrl.training.memory import VLLM_RUNTIME_BYTES, MemoryPlan, plan_training_memory
-from agentrl.training.placement import RESOURCE_SHARE, Placement, PlacementPlan, check_node_resources
-from agentrl.training.precision import resolve_compute_dtype
+from agentrl.training.lora import ADAPTER_CONFIG, add_lora, load_adapter_into
+from agentrl.training.placement import RESOURCE_SHARE, Placement, reserve_placement
 from agentrl.training.reference import load_reference
 from agentrl.training.routing_replay import routing_strategy
 from agentrl.training.step import MISMATCH_KL, TrainingError, TrainingStep
 from agentrl.training.token_values import TOKEN_VALUES
 
-__all__ = ["Run", "set_up", "resolve_plan", "default_engine_dtype", "rollout_kv_cache_gib", "single_turn_context",
-           "is_single_turn"]
+__all__ = ["Run", "set_up", "restore_checkpoint", "prepare_output", "resume_state", "build_rollout"]
 
 
 @dataclass
@@ -68,7 +61,7 @@ class Run:
     own the trained weights and the scheduler syncs the engines from `backend.named_weights`."""
     backend: TrainingBackend
     step: TrainingStep
-    scheduler: RolloutScheduler
+    scheduler: RolloutDriver
     guard: CollapseGuard
     start_step: int
     log: RunLog
@@ -160,212 +153,14 @@ def resume_state(cfg: RunConfig, out: Path) -> TrainerState:
     return state
 
 
-def connect_ray(cfg: RunConfig) -> bool:
-    """Join the cluster (or start a local Ray) when the run uses one, before any model loads; True if connected here.
-
-    A local Ray gives each CPU trainer worker a logical CPU of its own beside the cores the env runners use, as the
-    driver's training shared the cores with them before; more CPU trainer workers than cores is refused.
-    """
-    T, E = cfg.trainer, cfg.engine
-    if T.workers == 0 and cfg.runners.count == 0 and E.gpus == 0 and not E.colocate and not E.ray_resource:
-        return False
-    cores = os.cpu_count() or 1
-    cpu_trainers = T.workers if T.gpus_per_worker == 0 else 0
-    if cfg.ray_address is None and cpu_trainers > cores:
-        raise ConfigError(f"more workers than devices: --trainers {T.workers} on CPU needs a core per worker and this "
-                          f"machine has {cores}. Use --trainers {cores} or fewer, or --ray-address a bigger cluster")
-    return start_ray(cfg.ray_address, num_cpus=cores + cpu_trainers)
-
-
-def reserve_placement(cfg: RunConfig) -> Placement | None:
-    """Reserve the trainer workers' and GPU engines' devices (None for neither); refuses what the cluster cannot hold.
-
-    Engines enter the placement group when they own GPUs (``engine.gpus``) or share the trainers' ones
-    (``engine.colocate``); CPU engines are not scheduled by CPU count, so env runners still fit beside them (an
-    ``engine.ray_resource`` they ask for is checked here all the same).
-    """
-    T, E = cfg.trainer, cfg.engine
-    engines = E.replicas if E.gpus > 0 or E.colocate else 0
-    if E.ray_resource and not engines:
-        import ray
-
-        check_node_resources({E.ray_resource: "engine.ray_resource"}, ray.cluster_resources())
-    if T.workers == 0 and engines == 0:
-        return None
-    return Placement(PlacementPlan(T.workers, T.gpus_per_worker, engines, E.gpus, E.colocate,
-                                   trainer_resource=T.ray_resource, engine_resource=E.ray_resource))
-
-
-def is_single_turn(env: TextEnv) -> bool:
-    """True when every episode of `env` ends after one step (``max_episode_steps == 1``)."""
-    return getattr(env, "max_episode_steps", None) == 1
-
-
-def single_turn_context(cfg: RunConfig, policy: LoadedModel) -> int:
-    """The longest context (prompt + reply) an episode of a single-turn env reaches, for sizing the engines' KV.
-
-    The longest first prompt of the first step's tasks, with a quarter more for tasks not seen, plus one reply, within
-    the context budget. Multi-turn runs size for the budget itself (``max_context_tokens + max_new_tokens``): sizing
-    single-turn math that way gave vLLM a 5.7 GiB cache that pushed the training step into gradient checkpointing
-    (30% slower) for nothing.
-    """
-    options = cfg.context.rollout_kwargs(policy.family)
-    budget = cfg.context.max_context_tokens + cfg.sampling.max_new_tokens
-    longest = 0
-    with contextlib.closing(agentrl.make(cfg.env.id, **cfg.env.kwargs)) as env:
-        for i in range(cfg.scheduler.prompts_per_step):
-            obs, info = env.reset(seed=cfg.env.seed_offset + i)
-            context = ChatContext(policy.tokenizer, env.system_prompt, options["chat_kwargs"],
-                                  **options["context_options"])
-            longest = max(longest, len(context.first_prompt(obs, info)))
-    return min(budget, longest + longest // 4 + cfg.sampling.max_new_tokens)
-
-
-def rollout_kv_cache_gib(cfg: RunConfig, policy: LoadedModel, available_bytes: int | None = None,
-                         context_tokens: int = 0) -> tuple[float, str]:
-    """Each engine's KV cache (vLLM) or prefix store (HF) in GiB, and a note when it cannot hold the whole rollout.
-
-    ``engine.kv_cache_gib`` when set; else sized so that every episode in flight on an engine (a step's
-    ``prompts_per_step x group_size``, twice that with async rollouts, spread over the replicas) stays cached at its
-    longest context (`agentrl.engine.kv_cache.size_kv_cache`): `context_tokens`, or the context budget when 0.
-    Smaller, engines evict and re-prefill whole contexts.
-    """
-    E, S = cfg.engine, cfg.scheduler
-    if E.kv_cache_gib > 0:
-        return E.kv_cache_gib, ""
-    episodes = math.ceil(S.prompts_per_step * S.group_size * (2 if S.async_rollout else 1) / E.replicas)
-    if available_bytes is None and E.replicas > 1 and not cfg.ray_address:
-        import psutil
-
-        available_bytes = psutil.virtual_memory().available // E.replicas  # local replicas share this machine
-    return size_kv_cache(policy.model.config, torch.finfo(getattr(torch, E.dtype or cfg.trainer.dtype)).bits // 8,
-                         episodes, context_tokens or cfg.context.max_context_tokens + cfg.sampling.max_new_tokens,
-                         available_bytes)
-
-
-def default_engine_dtype(dtype: str, kind: str, compute_dtype: str) -> str:
-    """The engine precision a run samples in: `dtype` when set; else bfloat16 for vLLM, the trainer's compute dtype.
-
-    vLLM's bfloat16 build samples 1.4-1.7x faster on CPU, and MiniRL's token-level IS weights correct the mismatch
-    it brings (KL(mu || pi_old) about 2e-3 on the main job); the main job learned from it within the float32 runs'
-    held-out range (docs/results.md, the mismatch study). The HF engine samples from the trainer's own module (or a
-    copy of it) in the precision the trainer computes in.
-    """
-    return dtype or ("bfloat16" if kind == "vllm" else compute_dtype)
-
-
-def plan_memory(cfg: RunConfig, policy: LoadedModel, engine_kind: str, kv_cache_gib: float) -> MemoryPlan:
-    """Decide gradient checkpointing and refuse a step that cannot fit (per trainer worker), before anything starts.
-
-    The limit: `trainer.memory_limit_gb` when set; else the memory available here, shared by the CPU trainer workers
-    and the driver's engine copy on a local run. GPU memory (and the memory of other nodes) is only known on the
-    workers: set `trainer.memory_limit_gb` to have it checked here.
-    """
-    T, E, S = cfg.trainer, cfg.engine, cfg.scheduler
-    limit = int(T.memory_limit_gb * 2**30)
-    if not limit and T.workers and (T.gpus_per_worker > 0 or cfg.ray_address):
-        limit = 1 << 62
-    elif not limit and T.workers:
-        import psutil
-
-        limit = psutil.virtual_memory().available // (T.workers + 1)
-    engine_bytes = 0
-    if engine_kind == "vllm" and E.replicas == 1 and not cfg.ray_address:  # an in-process vLLM engine stays resident
-        n_params = sum(p.numel() for p in policy.model.parameters())
-        engine_dtype_bytes = torch.finfo(getattr(torch, E.dtype or T.dtype)).bits // 8
-        engine_bytes = int(kv_cache_gib * 2**30) + n_params * engine_dtype_bytes + VLLM_RUNTIME_BYTES
-    return plan_training_memory(
-        policy.model, dtype_bytes=torch.finfo(getattr(torch, T.dtype)).bits // 8, token_budget=T.micro_batch_tokens,
-        longest_sample=cfg.context.max_context_tokens + cfg.sampling.max_new_tokens,
-        checkpointing=T.gradient_checkpointing, engine_copy=T.workers == 0 and (S.sync_every > 1 or S.async_rollout),
-        limit_bytes=limit, shards=max(T.workers, 1), engine_bytes=engine_bytes,
-        trainable_params=adapter_parameter_count(policy.model.config, T.lora) if T.lora.enabled else None)
-
-
-def engine_takes_adapters(cfg: RunConfig, engine_kind: str) -> bool:
-    """True when the run's engine(s) can load LoRA adapters, so the weight sync ships the adapters alone.
-
-    The in-process HF engine samples from a copy of the adapted module (or the module itself); the in-process vLLM
-    engine loads the base once and each version's adapter through vLLM's LoRA support (ranks up to 512). Engine
-    actors load a Hugging Face folder and take full weights: with LoRA the sync merges the adapters and ships every
-    weight.
-    """
-    in_process = cfg.engine.replicas == 1 and not cfg.ray_address and cfg.engine.gpus == 0 and not cfg.engine.colocate
-    return in_process and (engine_kind == "hf" or engine_kind == "vllm" and cfg.trainer.lora.rank <= 512)
-
-
-def lora_plan(cfg: RunConfig, policy: LoadedModel, engine_kind: str) -> tuple[str, bool]:
-    """The plan's LoRA line and whether the sync ships the adapters alone ('' and False without LoRA)."""
-    L = cfg.trainer.lora
-    if not L.enabled:
-        return "", False
-    trainable = adapter_parameter_count(policy.model.config, L)
-    total = sum(p.numel() for p in policy.model.parameters())
-    adapters = engine_takes_adapters(cfg, engine_kind)
-    sync = ("weight sync ships the adapters alone" if adapters else
-            f"the {engine_kind} engine{'s' if cfg.engine.replicas > 1 else ''} here cannot take adapters: every sync "
-            f"merges them and ships the full weights")
-    return (f"rank {L.rank}, alpha {L.scale_alpha:g} on {', '.join(L.target_modules)}: {trainable / 1e6:.2f}M "
-            f"trainable parameters ({100 * trainable / total:.2f}% of {total / 1e6:.0f}M); {sync}"), adapters
-
-
-def resolve_plan(cfg: RunConfig, policy: LoadedModel, *, single_turn: bool, owns_ray: bool,
-                 placement: Placement | None, ray_why: str = "") -> tuple[RunConfig, RunPlan, MemoryPlan]:
-    """Every `auto` of the config decided once: the context, the engine, the KV size and the memory plan.
-
-    `ray_why` says how the cluster was chosen (`agentrl.cluster.choose_address`), for the plan's ``ray`` row.
-
-    Returns:
-        The config with the engine kind and the observation role written in (what config.yaml saves, so `agentrl
-        eval` and `--resume` rebuild the same prompts and engine), the plan, and the memory plan the backend is built
-        with.
-    """
-    # The cheapest context layout that stays correct (one training sample per episode wherever the template allows).
-    context, context_why = resolve_context(cfg.context, agentrl.spec(cfg.env.id).load(), policy.tokenizer,
-                                           policy.family)
-    context_why = context_why if context != cfg.context else ""
-    # `auto` becomes the engine this machine serves the model with.
-    kind, engine_why = choose_engine(cfg.engine.kind, policy.model, cfg.model)
-    # `auto` compute precision becomes what this machine multiplies natively (written back: a resume keeps it).
-    compute = resolve_compute_dtype(cfg.trainer.compute_dtype, cfg.trainer.dtype,
-                                    on_gpu=cfg.trainer.gpus_per_worker > 0)
-    cfg = replace(cfg, context=context, trainer=replace(cfg.trainer, compute_dtype=compute.dtype),
-                  engine=replace(cfg.engine, kind=kind,
-                                 dtype=default_engine_dtype(cfg.engine.dtype, kind, compute.dtype)))
-    role = context.observation_role
-    # The engines' KV memory first (it stays resident beside an in-process trainer), then the step's memory plan.
-    context_tokens = (single_turn_context(cfg, policy) if single_turn
-                      else cfg.context.max_context_tokens + cfg.sampling.max_new_tokens)
-    kv_gib, kv_note = rollout_kv_cache_gib(cfg, policy, context_tokens=context_tokens if single_turn else 0)
-    memory = plan_memory(cfg, policy, kind, kv_gib)
-    lora_line, adapters = lora_plan(cfg, policy, kind)
-    T = cfg.trainer
-    plan = RunPlan(
-        engine=kind, engine_why=engine_why, engine_dtype=cfg.engine.dtype or T.dtype,
-        engine_replicas=cfg.engine.replicas, observation_role=role, context_why=context_why,
-        context_tokens=context_tokens, kv_cache_gib=kv_gib, kv_note=kv_note,
-        trainer="fsdp" if T.workers else "single", trainer_workers=T.workers, dtype=T.dtype,
-        compute_dtype=compute.dtype, compute_why=compute.why,
-        gradient_checkpointing=memory.gradient_checkpointing, peak_gib=memory.estimate.total / 2**30,
-        limit_gib=memory.limit / 2**30,
-        ray="none" if not (owns_ray or cfg.ray_address) else (cfg.ray_address or "local"),
-        ray_why=ray_why if owns_ray or cfg.ray_address else "",
-        placement=placement.plan.describe() if placement is not None else "", lora=lora_line, sync_adapters=adapters,
-        returns_freed_memory=run_threshold_kb(T.return_freed_memory, memory.gradient_checkpointing) > 0)
-    return cfg, plan, memory
-
-
 def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: TrainingBackend, out: Path,
-                  start_step: int, placement: Placement | None, show) -> RolloutScheduler:
+                  start_step: int, placement: Placement | None, show) -> RolloutDriver:
     """The inference engines and the rollout scheduler around them (runner pool, sync interval or async producer)."""
     # The rollout engine(s) own their weights; the scheduler hands them the trained weights by version. Lockstep on
     # one process may share the training module instead (free sync). MoE rollouts carry the experts the engine
     # chose: R3 replays them, the other modes measure router agreement.
-    spec = EngineSpec(kind=plan.engine, dtype=plan.engine_dtype, batch_size=cfg.engine.batch_size,
-                      capture_routes=backend.is_moe, kv_cache_gib=plan.kv_cache_gib, seed=cfg.seed,
-                      max_model_len=cfg.context.max_context_tokens + cfg.sampling.max_new_tokens,
-                      sleep_mode=cfg.engine.colocate, vllm=cfg.engine.vllm,
-                      lora=cfg.trainer.lora if plan.sync_adapters and plan.engine == "vllm" else None)
+    spec = plan.engine.spec(cfg.engine, seed=cfg.seed, capture_routes=backend.is_moe, sleep_mode=cfg.engine.colocate,
+                            lora=cfg.trainer.lora)
     share = backend.trains_in_place and cfg.scheduler.sync_every == 1 and not cfg.scheduler.async_rollout
     try:
         engine = build_engines(spec, policy, replicas=cfg.engine.replicas, ray_address=cfg.ray_address,
@@ -380,8 +175,13 @@ def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: T
     (out / "sampling.json").write_text(json.dumps(
         sampling.__dict__ | {"chat_kwargs": cfg.context.chat_kwargs(),
                              "model_generation_config": policy.generation_config}, default=list))
-    if cfg.agent.function:  # agents written against the OpenAI API play the episodes (agentrl.serve.agents)
-        return _agent_rollout(cfg, policy, backend, engine, sampling, out, start_step)
+    if cfg.agent.function:  # agents written against the OpenAI API play the episodes (agentrl.rollout.agents)
+        return AgentRollout.from_config(
+            agent=cfg.agent, env=cfg.env, scheduler=cfg.scheduler, runners=cfg.runners, context=cfg.context,
+            sampling=sampling, engine=engine, weights=backend.named_weights, tokenizer=policy.tokenizer,
+            family_hint=policy.family, model_name=cfg.model, start_step=start_step,
+            max_context_tokens=cfg.context.max_context_tokens + cfg.sampling.max_new_tokens,
+            sessions_path=out / "agent_sessions.jsonl")
     return RolloutScheduler.from_config(
         env=cfg.env, scheduler=cfg.scheduler, runners=cfg.runners, context=cfg.context, sampling=sampling,
         engine=engine, weights=backend.adapter_weights if plan.sync_adapters else backend.named_weights,
@@ -393,32 +193,7 @@ def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: T
         screenshots=cfg.screenshots_per_step if cfg.save_trajectories else 0)
 
 
-def _agent_rollout(cfg: RunConfig, policy: LoadedModel, backend: TrainingBackend, engine, sampling: SamplingParams,
-                   out: Path, start_step: int):
-    """The rollout of an ``--agent`` run: the agent function in sessions of an in-process policy server."""
-    from agentrl.rollout.pool import EnvMaker
-    from agentrl.serve.agents import AgentRollout, load_agent, load_rows
-
-    A, per_step = cfg.agent, cfg.scheduler.prompts_per_step
-    try:
-        fn = load_agent(A.function)
-        rows = load_rows(A.dataset) if A.dataset else None
-    except ConfigError:
-        engine.close()
-        raise
-    return AgentRollout(
-        fn, engine, backend.named_weights, policy.tokenizer,
-        maker=None if rows is not None else EnvMaker(cfg.env.id, dict(cfg.env.kwargs)), rows=rows,
-        seeds_for_step=lambda s: [cfg.env.seed_offset + s * per_step + i for i in range(per_step)],
-        sampling_for_step=lambda s: sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + s),
-        group_size=cfg.scheduler.group_size, concurrency=A.concurrency, timeout=A.timeout,
-        max_retries=cfg.runners.max_episode_retries, sync_every=cfg.scheduler.sync_every, start_step=start_step,
-        max_context_tokens=cfg.context.max_context_tokens + cfg.sampling.max_new_tokens,
-        family=cfg.context.chat_family, family_hint=policy.family, chat_kwargs=cfg.context.chat_kwargs(),
-        model_name=cfg.model, sessions_path=out / "agent_sessions.jsonl")
-
-
-def record_nodes(out: Path, backend: TrainingBackend, scheduler: RolloutScheduler) -> dict[str, object]:
+def record_nodes(out: Path, backend: TrainingBackend, scheduler: RolloutDriver) -> dict[str, object]:
     """Where a cluster run's processes live, by Ray node id, saved as ``out/nodes.json``.
 
     Keys: ``driver`` (one id), then ``trainers``, ``engines`` and ``runners`` (one id per worker, replica or runner
@@ -428,7 +203,9 @@ def record_nodes(out: Path, backend: TrainingBackend, scheduler: RolloutSchedule
 
     driver = ray.get_runtime_context().get_node_id()
     where: dict[str, object] = {"driver": driver}
-    for role, part in (("trainers", backend), ("engines", scheduler.engine), ("runners", scheduler.pool)):
+    # An agent rollout has no runner pool: its envs run in the driver.
+    engine, pool = getattr(scheduler, "engine", None), getattr(scheduler, "pool", None)
+    for role, part in (("trainers", backend), ("engines", engine), ("runners", pool)):
         nodes = getattr(part, "nodes", None)
         try:
             where[role] = nodes() if nodes is not None else [driver]
@@ -471,7 +248,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         raise ConfigError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
 
     if cfg.agent.function:  # a wrong --agent is answered before a model loads
-        from agentrl.serve.loader import load_agent
+        from agentrl.rollout.agent_loader import load_agent
 
         load_agent(cfg.agent.function)
     state = resume_state(cfg, out) if resume else None
@@ -482,21 +259,23 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
     if cluster.source == "RAY_ADDRESS":  # start_ray, given the address, says only where it joins
         cluster.say()
     with contextlib.ExitStack() as undo:  # a set-up that fails half way releases what it had built
-        owns_ray = connect_ray(cfg)
+        owns_ray = connect_ray(cfg.trainer, cfg.engine, runners=cfg.runners.count, address=cfg.ray_address)
         claim_sigterm()  # ray.init gave SIGTERM to Ray's C++ handler, which prints a stack dump: take it back
         undo.callback(_disconnect_ray, owns_ray)
-        placement = reserve_placement(cfg)
+        placement = reserve_placement(cfg.trainer, cfg.engine)
         if placement is not None:
             undo.callback(placement.close)
         # A LoRA run resumes from its base model: the checkpoint's adapter is loaded into it with the optimizer state.
         source = str(checkpoint_folder(out)) if resume and not cfg.trainer.lora.enabled else cfg.model
         policy = load_model(source, dtype=getattr(torch, cfg.trainer.dtype))
         policy.name = cfg.model
-        cfg, plan, memory = resolve_plan(cfg, policy, single_turn=single_turn, owns_ray=owns_ray,
-                                         placement=placement, ray_why=cluster.why)
+        joined = owns_ray or bool(cfg.ray_address)
+        cfg, plan = plan_run(cfg, policy, single_turn=single_turn, cluster=ClusterPlan(
+            ray=(cfg.ray_address or "local") if joined else "none", why=cluster.why if joined else "",
+            placement=placement.plan.describe() if placement is not None else ""))
         announce(plan)
-        backend = build_backend(cfg.trainer, cfg.optim, memory, policy=policy, source=source, placement=placement,
-                                seed=cfg.seed)
+        backend = build_backend(cfg.trainer, cfg.optim, plan.trainer, policy=policy, source=source,
+                                placement=placement, seed=cfg.seed)
         undo.callback(backend.close)
         shuffle = torch.Generator().manual_seed(cfg.seed)
         routing = routing_strategy(cfg.loss.routing_replay, backend.is_moe, cfg.model)

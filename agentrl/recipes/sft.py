@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from agentrl.chat.context import ChatContext
 from agentrl.chat.layout import resolve_context
 from agentrl.chat.parsers import ToolCall
 from agentrl.chat.samples import trajectory_to_samples
+from agentrl.cluster import check_cpu_workers
 from agentrl.config import (
     ConfigError,
     ContextConfig,
@@ -54,12 +54,13 @@ from agentrl.config import (
     TrainerConfig,
     load_yaml,
 )
-from agentrl.env import TextEnv
+from agentrl.envs.core import TextEnv
+from agentrl.envs.registry import short_name
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
-from agentrl.registry import short_name
-from agentrl.trackers import RunLog, clear_tracker_files
+from agentrl.trackers.runlog import RunLog, clear_tracker_files
 from agentrl.training.backend import TrainingBackend
 from agentrl.training.metrics import plot_metrics
+from agentrl.training.plan import TrainerPlan
 
 __all__ = ["SFTConfig", "SFTError", "load_sft_config", "reply_ids", "expert_trajectory", "expert_demonstrations",
            "load_demonstrations", "conversation_trajectory", "sft_loss", "demonstration_nll", "run_sft",
@@ -431,46 +432,27 @@ def demonstration_nll(backend: TrainingBackend, samples: Sequence[Sample], pad_i
     return sum(float(sft_loss(s.logp, mb.loss_mask, total)) for s, mb in zip(scored, batches))
 
 
-def _check_trainers(cfg: SFTConfig) -> None:
-    """Refuse more CPU trainer workers than this machine has cores, before anything loads."""
-    cores = os.cpu_count() or 1
-    if cfg.trainer.workers > cores:
-        raise SFTError(f"more workers than devices: --trainers {cfg.trainer.workers} on CPU needs a core per worker "
-                       f"and this machine has {cores}. Use --trainers {cores} or fewer")
+def _build_backend(cfg: SFTConfig, policy, plan: TrainerPlan, stack: contextlib.ExitStack) -> TrainingBackend:
+    """RL's backend from the `trainer` and `optim` sections and the trainer's plan: one process, or FSDP workers.
 
-
-def _memory_limit(cfg: SFTConfig) -> int:
-    """Bytes one training pass may use: the setting, else (with workers) this machine's free memory per process."""
-    if cfg.trainer.memory_limit_gb or not cfg.trainer.workers:
-        return int(cfg.trainer.memory_limit_gb * 2**30)  # 0: the plan reads what is available now
-    import psutil
-
-    # The workers and the driver share the machine.
-    return psutil.virtual_memory().available // (cfg.trainer.workers + 1)
-
-
-def _build_backend(cfg: SFTConfig, policy, memory, stack: contextlib.ExitStack) -> TrainingBackend:
-    """RL's backend from the `trainer` and `optim` sections: one process, or FSDP workers on a local Ray.
-
-    `stack` releases what this starts. Either holds the model and its AdamW, so the checkpoint has RL's layout exactly
-    (``shards/`` with workers).
+    Ray and the workers' devices are joined and reserved as RL does it (`agentrl.cluster.connect_ray`,
+    `agentrl.training.placement.reserve_placement`); `stack` releases what this starts. Either backend holds the model
+    and its AdamW, so the checkpoint has RL's layout exactly (``shards/`` with workers).
     """
+    from agentrl.cluster import connect_ray
     from agentrl.training.factory import build_backend
+    from agentrl.training.placement import reserve_placement
 
-    placement = None
-    if cfg.trainer.workers:
-        from agentrl.cluster import start_ray
-        from agentrl.training.placement import Placement, PlacementPlan
+    if connect_ray(cfg.trainer):
+        import ray
 
-        if start_ray(num_cpus=(os.cpu_count() or 1) + cfg.trainer.workers):
-            import ray
-
-            stack.callback(ray.shutdown)
-        placement = Placement(PlacementPlan(cfg.trainer.workers))
+        stack.callback(ray.shutdown)
+    placement = reserve_placement(cfg.trainer)
+    if placement is not None:
         stack.callback(placement.close)
     # Every worker seeds torch with the run seed before loading, as this process did: random-init built-ins start
     # from the weights a one-process run starts from.
-    backend = build_backend(cfg.trainer, cfg.optim, memory, policy=policy, source=cfg.model, placement=placement,
+    backend = build_backend(cfg.trainer, cfg.optim, plan, policy=policy, source=cfg.model, placement=placement,
                             seed=cfg.seed)
     stack.callback(backend.close)
     if not backend.trains_in_place:
@@ -488,7 +470,7 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     """
     import agentrl
     from agentrl.models import load_model
-    from agentrl.training.memory import plan_training_memory
+    from agentrl.training.plan import plan_trainer
 
     cfg, out = _prepare_run_folder(cfg, overwrite)
     torch.manual_seed(cfg.seed)
@@ -509,13 +491,9 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     t_data = time.perf_counter() - t_start
 
     validation = _validation_samples(cfg, policy) if cfg.val_demos else []
-    # RL's memory plan: gradient checkpointing when a pass of the token budget would not fit (a shared machine
+    # RL's trainer plan: gradient checkpointing when a pass of the token budget would not fit (a shared machine
     # OOM-killed a WebShop SFT pass of 4 x 1,350 tokens at 9 GB without it).
-    memory = plan_training_memory(
-        model, dtype_bytes=torch.finfo(model.dtype).bits // 8, token_budget=cfg.trainer.micro_batch_tokens,
-        longest_sample=max((len(x.input_ids) for x in samples), default=0),
-        checkpointing=cfg.trainer.gradient_checkpointing, engine_copy=False, limit_bytes=_memory_limit(cfg),
-        shards=max(cfg.trainer.workers, 1))
+    plan = plan_trainer(cfg.trainer, model, longest_sample=max((len(x.input_ids) for x in samples), default=0))
     order = torch.Generator().manual_seed(cfg.seed)
     total_steps = cfg.epochs * math.ceil(len(samples) / cfg.batch_size)
     log = RunLog.open(out, cfg.log.trackers, dataclasses.asdict(cfg), project=cfg.log.project,
@@ -523,12 +501,12 @@ def run_sft(cfg: SFTConfig, *, overwrite: bool = False, progress: bool = True) -
     with contextlib.closing(log):
         if cfg.log.table_episodes:
             log.trajectories("demonstrations", 0, trajectories[: cfg.log.table_episodes])
-        return _train_and_evaluate(cfg, policy, samples, validation, memory, order, log, out, progress,
+        return _train_and_evaluate(cfg, policy, samples, validation, plan, order, log, out, progress,
                                    {"demonstrations": source, "samples": len(samples), "planned_steps": total_steps,
                                     "data_seconds": t_data}, t_start)
 
 
-def _train_and_evaluate(cfg: SFTConfig, policy, samples: list[Sample], validation: list[Sample], memory,
+def _train_and_evaluate(cfg: SFTConfig, policy, samples: list[Sample], validation: list[Sample], plan: TrainerPlan,
                         order: torch.Generator, log: RunLog, out: Path, progress: bool, summary: dict[str, Any],
                         t_start: float) -> Path:
     """Train, checkpoint, plot, evaluate; write summary.json (`summary` holds what data preparation measured)."""
@@ -537,7 +515,7 @@ def _train_and_evaluate(cfg: SFTConfig, policy, samples: list[Sample], validatio
     pad_id = policy.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else policy.tokenizer.eos_token_id
     with contextlib.ExitStack() as stack:  # trainer workers and a Ray started here end with the training
-        backend = _build_backend(cfg, policy, memory, stack)
+        backend = _build_backend(cfg, policy, plan, stack)
         budget = cfg.trainer.micro_batch_tokens
         packed = cfg.trainer.packing
         val_before = demonstration_nll(backend, validation, pad_id, budget, packed=packed) if validation else None
@@ -579,7 +557,10 @@ def _prepare_run_folder(cfg: SFTConfig, overwrite: bool) -> tuple[SFTConfig, Pat
         raise SFTError(f"{out} already holds a run; replace it with --overwrite or choose another --output")
     if cfg.data and not Path(cfg.data).is_file():
         raise SFTError(f"demonstrations file not found: {cfg.data}")
-    _check_trainers(cfg)
+    try:
+        check_cpu_workers(cfg.trainer)
+    except ConfigError as e:
+        raise SFTError(str(e)) from None
     agentrl.spec(cfg.env.id)
     try:
         agentrl.make(cfg.env.id, **cfg.env.kwargs).close()

@@ -29,16 +29,17 @@ from pathlib import Path
 from agentrl.cluster import ClusterError
 from agentrl.config import RunConfig
 from agentrl.engine import EngineError
-from agentrl.plan import RunPlan
+from agentrl.envs.registry import short_name
+from agentrl.recipes.plan import RunPlan
 from agentrl.recipes.setup import Run, set_up
 from agentrl.recipes.stops import sigterm_stops
 from agentrl.records import Trajectory, save_trajectories
-from agentrl.registry import short_name
 from agentrl.rollout.pool import RunnersLost
 from agentrl.rollout.scheduler import staleness_metrics
+from agentrl.trackers.runlog import append_metrics
 from agentrl.training.backend import TrainerFailure
 from agentrl.training.checkpoint import CHECKPOINT, read_trainer_state
-from agentrl.training.metrics import append_metrics, plot_metrics, rollout_metrics, weighted_mean
+from agentrl.training.metrics import plot_metrics, rollout_metrics, weighted_mean
 from agentrl.training.microbatch import padding_waste
 from agentrl.training.routing_replay import RoutingReplayError
 from agentrl.training.screenshots import episodes_in, save_screenshots
@@ -265,7 +266,7 @@ def step_metrics(run: Run, step: int, trajectories: list[Trajectory], batch: Ste
         "rollout_seconds": t_rollout, "step_seconds": step_seconds,
         # The share of the step the engine spent generating (async: capped, generation overlaps training).
         "engine_busy_frac": min(1.0, generate_seconds / step_seconds),
-    } | live | {"stale_groups_evicted": float(run.scheduler.buffer.evicted), "trainer_restarts": run.restarts}
+    } | live | {"stale_groups_evicted": float(run.scheduler.stale_groups_evicted), "trainer_restarts": run.restarts}
 
 
 def guard_and_checkpoint(run: Run, step: int, metrics: dict[str, float], say) -> None:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl.cluster import ClusterError, shipped_code, start_ray
-from agentrl.env import SharedResource, TextEnv
+from agentrl.envs.core import SharedResource, TextEnv
 
 __all__ = [
     "EnvMaker", "StepResult", "EnvFailure", "Completion", "LocalPool", "RayPool", "make_pool", "start_ray",
@@ -108,14 +108,14 @@ class EnvMaker:
         """The same maker with the registry lookup done here, so runner processes need no entry-point metadata."""
         if self.entry_point is not None:
             return self
-        from agentrl.registry import spec
+        from agentrl.envs.registry import spec
 
         s = spec(self.env_id)
         return EnvMaker(self.env_id, {**s.defaults, **self.kwargs}, entry_point=s.entry_point,
                         py_modules=s.py_modules)
 
     def _factory_and_kwargs(self) -> tuple[Callable[..., TextEnv], dict[str, Any]]:
-        from agentrl.registry import EnvSpec, spec
+        from agentrl.envs.registry import EnvSpec, spec
 
         if isinstance(self.entry_point, str):
             return EnvSpec(self.env_id, self.entry_point).load(), dict(self.kwargs)
@@ -465,7 +465,7 @@ class RayPool:
         step_timeout: seconds an env call may run in its runner; past it the runner is restarted.
         address: Ray cluster to join; None starts a local Ray (shut down again by `close`).
         batch_calls: send each actor's queued calls as one Ray call. False sends one Ray call per env call (the
-            behaviour before batching; `bench/pool_throughput.py` measures it as the baseline).
+            behaviour before batching; `bench/micro/pool_throughput.py` measures it as the baseline).
     """
 
     def __init__(self, maker: EnvMaker, slots: int, *, actors: int = 0, step_timeout: float = 60.0,

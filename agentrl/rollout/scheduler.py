@@ -21,7 +21,7 @@ Modes:
       update; engines finish the requests already running first, so every sample's version is exact.
 
 Departure from large-scale systems: on one CPU machine, training and generation share the cores, so async mode
-shows the semantics (versions, bound, buffer) more than a speed-up; `bench/pool_pipeline.py` measures the pipeline
+shows the semantics (versions, bound, buffer) more than a speed-up; `bench/micro/pool_pipeline.py` measures the pipeline
 busy fraction the modes reach when generation and training have their own hardware.
 """
 
@@ -73,6 +73,8 @@ class _Progress:
 
 class RolloutScheduler:
     """Owns the runner pool and decides when rollouts run and with which weights.
+
+    The `agentrl.rollout.driver.RolloutDriver` of built-in env episodes (the agent loop, `agentrl.rollout.loop`).
 
     Args:
         env_id: registry id of the env.
@@ -222,6 +224,11 @@ class RolloutScheduler:
         with self._cond:
             self._trainer_version = step + 1
             self._cond.notify_all()
+
+    @property
+    def stale_groups_evicted(self) -> int:
+        """Groups the async buffer dropped so far as more than `max_staleness` versions old (0 in sync mode)."""
+        return self.buffer.evicted
 
     # -- async mode --------------------------------------------------------------------------------------------
 

@@ -6,5 +6,7 @@
   the new prompt extends them, records every call and turns a session into training samples with its drift report.
 * `agentrl.serve.server`: the HTTP server (``agentrl serve``): uvicorn behind `agentrl.http_guard`, on 127.0.0.1 by
   default, a bearer token to bind wider; its docstring says what a client can and cannot make it do.
-* `agentrl.serve.agents`: ``agentrl run --agent module:function``: agent functions as the rollout.
+
+Only the front end lives here. ``agentrl run --agent module:function`` (agent functions as the rollout) is a rollout
+driver that uses these pieces: `agentrl.rollout.agents`.
 """

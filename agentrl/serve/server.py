@@ -22,7 +22,7 @@ What a client can and cannot do:
   machine can call it, and read or write any session whose id it knows.
 * **Sessions.** With a token, only its holders read or write sessions, by any id. Named sessions (path or header)
   are as secret as their names: anyone allowed to call the server who knows a name can add calls to that session
-  and read its report; anonymous ids cannot be guessed. Agent runs (`agentrl.serve.agents`) give every episode a
+  and read its report; anonymous ids cannot be guessed. Agent runs (`agentrl.rollout.agents`) give every episode a
   session id with a random part, refuse calls to sessions that are not running, and refuse anonymous calls.
 * **Requests.** Hosts other than this server's names are refused (DNS rebinding), as are cross-site ``Origin``
   headers, malformed or over-long ``Content-Length`` and bodies over the limit (`agentrl.http_guard`). Every
@@ -58,7 +58,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 
 from agentrl.engine.base import EngineResult, SamplingParams
-from agentrl.http_guard import HttpGuard, HttpLimits, allowed_hosts, bind_socket, check_bind, uvicorn_server
+from agentrl.http_guard import HttpLimits, check_bind
+from agentrl.http_server import RunningServer
+from agentrl.http_server import start_server as start_http
 from agentrl.serve.engine_client import EngineClient
 from agentrl.serve.protocol import (
     ApiError,
@@ -72,7 +74,7 @@ from agentrl.serve.protocol import (
 )
 from agentrl.serve.sessions import CallRecord, Prepared, PromptTooLong, Recorder, SessionFull
 
-__all__ = ["PolicyServer", "RunningServer", "ServerStartError", "start_server", "build_app", "SESSION_HEADER",
+__all__ = ["PolicyServer", "ServerStartError", "start_server", "session_url", "build_app", "SESSION_HEADER",
            "TOKEN_ENV_VAR", "MAX_SESSION_CHARS"]
 
 _logger = logging.getLogger(__name__)
@@ -116,13 +118,14 @@ class PolicyServer:
             before anything is tokenized (generous: text averages about 4 characters a token).
         anonymous: serve calls that name no session (each its own session, with an unguessable id); agent runs,
             whose every call names its episode's session, refuse them.
+        engine_kind: the engine's kind (``hf``, ``vllm``), for what ``agentrl serve`` says when it starts.
     """
 
     def __init__(self, client: EngineClient, recorder: Recorder, model_name: str, *, defaults: SamplingParams,
                  max_context_tokens: int = 4096, forced_sampling: SamplingParams | None = None,
                  session_gate: Callable[[str], str | None] | None = None, record_path: str | Path | None = None,
                  on_record: Callable[[CallRecord], None] | None = None, chars_per_token: int = 32,
-                 anonymous: bool = True):
+                 anonymous: bool = True, engine_kind: str = ""):
         if max_context_tokens < 2 or chars_per_token < 1:
             raise ValueError(f"max_context_tokens must be >= 2 and chars_per_token >= 1, got {max_context_tokens}, "
                              f"{chars_per_token}")
@@ -134,6 +137,7 @@ class PolicyServer:
             recorder.saved_to = self.record_path  # every record is on disk as made: eviction loses nothing
         self.on_record = on_record
         self.anonymous = anonymous
+        self.engine_kind = engine_kind
         self.limits = RequestLimits(max_new_tokens=max_context_tokens, vocab_size=len(recorder.renderer.tokenizer),
                                     max_prompt_chars=max_context_tokens * chars_per_token,
                                     max_prompt_tokens=max_context_tokens, max_messages=max_context_tokens)
@@ -345,6 +349,10 @@ class PolicyServer:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "agentrl"}]}
 
+    def close(self) -> None:
+        """Close the engine client (and the engine, when the client owns it)."""
+        self.client.close()
+
 
 _CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found", 405: "not_found",
           408: "timeout", 413: "request_too_large", 421: "misdirected_request", 431: "request_too_large"}
@@ -455,67 +463,23 @@ def build_app(policy: PolicyServer, *, threads: int = 64) -> FastAPI:
     return app
 
 
-@dataclass
-class RunningServer:
-    """A server on a background thread; `url` is its ``/v1`` base URL without a session.
+def session_url(address: str, session: str) -> str:
+    """The base URL an agent uses so that its calls land in `session`.
 
-    Attributes:
-        host: the bound address.
-        port: the bound port.
-        policy: the `PolicyServer` behind the routes (its recorder holds the sessions).
-        thread: the thread running uvicorn.
-        token: the bearer token calls need ("" when none).
-        engine_kind: the engine's kind, set by `agentrl.recipes.serve.open_server`.
+    Args:
+        address: the server's ``http://host:port`` (`agentrl.http_server.RunningServer.address`).
+        session: the session id.
     """
-
-    host: str
-    port: int
-    policy: PolicyServer
-    thread: threading.Thread
-    token: str = ""
-    engine_kind: str = ""
-    _uvicorn: Any = None
-    _pool: ThreadPoolExecutor | None = None
-    _socket: Any = None
-
-    @property
-    def address(self) -> str:
-        """``http://host:port``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """The OpenAI base URL (``http://host:port/v1``)."""
-        return f"{self.address}/v1"
-
-    def session_url(self, session: str) -> str:
-        """The base URL an agent uses so that its calls land in `session`."""
-        return f"{self.address}/s/{session}/v1"
-
-    def stop(self) -> None:
-        """Stop serving and close the listening socket (idempotent)."""
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-            self.thread.join(timeout=10)
-            self._uvicorn = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-
-    def close(self) -> None:
-        """`stop`, then close the engine client (and the engine, when the client owns it)."""
-        self.stop()
-        self.policy.client.close()
+    return f"{address}/s/{session}/v1"
 
 
 def start_server(policy: PolicyServer, host: str = "127.0.0.1", port: int = 0, *, token: str = "",
                  extra_hosts: Iterable[str] = (), limits: HttpLimits | None = None,
-                 threads: int = 64) -> RunningServer:
-    """Serve `policy` on a background thread (port 0 picks a free one); returns once it answers.
+                 threads: int = 64) -> RunningServer[PolicyServer]:
+    """Serve `policy` on a background thread (port 0 picks a free one); returns once it answers ``/health``.
+
+    The `agentrl.http_server.RunningServer` returned has the OpenAI base URL (``http://host:port/v1``) as `url`
+    and `policy` as `server`; `stop` stops serving, `close` closes the engine client too.
 
     Args:
         policy: the policy server.
@@ -532,23 +496,9 @@ def start_server(policy: PolicyServer, host: str = "127.0.0.1", port: int = 0, *
     check_bind(host, token, token_flag="--token", env_var=TOKEN_ENV_VAR, error=ServerStartError)
     if limits is None:
         limits = HttpLimits(max_body_bytes=max(4 * 2**20, 8 * (policy.limits.max_prompt_chars or 0)))
-    try:
-        names = allowed_hosts(host, extra_hosts)
-    except ValueError as e:
-        raise ServerStartError(str(e)) from None
     app = build_app(policy, threads=threads)
-    guarded = HttpGuard(app, allowed_hosts=names, limits=limits, token=token, open_paths=("/health",),
-                        error_body=openai_error)
-    sock = bind_socket(host, port, error=ServerStartError)
-    uv = uvicorn_server(guarded, limits=limits, error_body=openai_error)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name="agentrl-serve", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            uv.should_exit = True
-            sock.close()
-            raise ServerStartError("the server did not start (see the log above)")
-        time.sleep(0.01)
-    return RunningServer(host, sock.getsockname()[1], policy, thread, token, _uvicorn=uv, _pool=app.state.pool,
-                         _socket=sock)
+    pool: ThreadPoolExecutor = app.state.pool
+    return start_http(app, host, port, server=policy, path="/v1", limits=limits, token=token,
+                      extra_hosts=extra_hosts, open_paths=("/health",), error_body=openai_error,
+                      on_stop=(lambda: pool.shutdown(wait=False, cancel_futures=True),), error=ServerStartError,
+                      name="agentrl-serve")

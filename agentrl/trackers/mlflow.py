@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl.trackers import Table, TrackerSettings
+from agentrl.trackers.base import Table, TrackerSettings
 
 __all__ = ["MlflowTracker", "flatten"]
 

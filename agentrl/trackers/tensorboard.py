@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl.trackers import Table, TrackerSettings
+from agentrl.trackers.base import Table, TrackerSettings
 
 __all__ = ["TensorboardTracker", "markdown_table"]
 

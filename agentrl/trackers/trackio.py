@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl.trackers import Table, TrackerSettings
+from agentrl.trackers.base import Table, TrackerSettings
 
 __all__ = ["TrackioTracker"]
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl.trackers import Table, TrackerSettings
+from agentrl.trackers.base import Table, TrackerSettings
 
 __all__ = ["WandbTracker"]
 

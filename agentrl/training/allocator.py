@@ -6,12 +6,12 @@ and rises (to 32 MiB at most on 64-bit) each time a mapped block is freed, so af
 transformer's per-layer temporaries (megabytes each) come from the heap. There the freed ones, interleaved with live
 ones (block inputs kept for the backward, gradients), stay resident: the process holds what it freed.
 
-Measured on this project's memory plan check (`python bench/lora.py fit`: LoRA rank 16 on a SmolLM2-360M-shaped
+Measured on this project's memory plan check (`python bench/micro/lora.py fit`: LoRA rank 16 on a SmolLM2-360M-shaped
 model, one step of 2 x 1,024 tokens, gradient checkpointing on): peak RSS 5.6 GiB with glibc's default against 3.0
 GiB with the threshold pinned at 1 MiB, for the same live tensors; the plan (`agentrl.training.memory`) estimated
 3.4 GiB. Pinning it (``mallopt(M_MMAP_THRESHOLD, ...)``) also turns the dynamic adjustment off, so every tensor of at
 least that size is mapped when made and returned when freed. The cost is a page fault per new page of such tensors:
-`bench/allocator.py` measured the second step at 1.31x the time of glibc's default on that LoRA step, and 1.14x on
+`bench/micro/allocator.py` measured the second step at 1.31x the time of glibc's default on that LoRA step, and 1.14x on
 the main job's full fine-tuning step (peak 8.5 -> 7.5 GiB), beside other work on 2 cores.
 
 So it is not pinned everywhere (``trainer.return_freed_memory: auto``): only when the memory plan has to turn gradient

@@ -16,7 +16,7 @@ Peak resident memory of one update, for a decoder-only transformer trained with 
 `tokens` is the largest micro-batch in padded tokens: the token budget, or the longest sample the env allows
 (``max_context_tokens + max_new_tokens``) when one sample is longer than the budget. The per-token activation count
 is written out for Llama / Qwen / Mistral-style blocks and scaled by `ACTIVATION_MARGIN`, fitted on SmolLM2-135M
-(float32, 8,000 padded tokens: the count alone was 26% under the measured peak; bench/train_memory.py).
+(float32, 8,000 padded tokens: the count alone was 26% under the measured peak; bench/micro/train_memory.py).
 """
 
 from __future__ import annotations

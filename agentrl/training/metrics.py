@@ -1,9 +1,11 @@
-"""The step's metrics: one JSON line per step in metrics.jsonl, built from what each stage reports."""
+"""The step's metrics, built from what each stage reports, and the curves plotted from metrics.jsonl.
+
+The rows are written by `agentrl.trackers.runlog` (`RunLog.metrics`, `append_metrics`), one JSON line per step.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import torch
 
 from agentrl.training.backend import LossResult
 
-__all__ = ["weighted_mean", "rollout_metrics", "append_metrics", "plot_metrics"]
+__all__ = ["weighted_mean", "rollout_metrics", "plot_metrics"]
 
 
 def weighted_mean(results: Sequence[LossResult]) -> dict[str, float]:
@@ -38,13 +40,6 @@ def rollout_metrics(trajectories: Sequence[Any], rewards: torch.Tensor) -> dict[
         "roundtrip_mismatch_rate": sum(bool(t.roundtrip_drift) for t in turns) / max(len(turns), 1),
         "truncated_frac": sum(t.truncated for t in trajectories) / len(trajectories),
     }
-
-
-def append_metrics(path: Path, metrics: dict[str, Any]) -> None:
-    """Append one JSON line; non-finite floats become null (JSON has no NaN)."""
-    with open(path, "a") as f:
-        f.write(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-                            for k, v in metrics.items()}) + "\n")
 
 
 def plot_metrics(metrics_path: Path, png_path: Path, panels: Sequence[tuple[str, str]], title: str,

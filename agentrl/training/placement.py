@@ -22,11 +22,14 @@ offers) is one message naming the numbers, not a placement group that waits fore
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster import ClusterError
 
-__all__ = ["PlacementPlan", "Placement", "RESOURCE_SHARE", "check_node_resources"]
+if TYPE_CHECKING:
+    from agentrl.config import EngineConfig, TrainerConfig
+
+__all__ = ["PlacementPlan", "Placement", "RESOURCE_SHARE", "check_node_resources", "reserve_placement"]
 
 PLACEMENT_TIMEOUT_S = 120.0
 """How long to wait for Ray to reserve the bundles before giving up with a message."""
@@ -165,3 +168,24 @@ class Placement:
 
         if ray.is_initialized():
             ray.util.remove_placement_group(self.group)
+
+
+def reserve_placement(trainer: TrainerConfig, engine: EngineConfig | None = None) -> Placement | None:
+    """Reserve the trainer workers' and GPU engines' devices (None for neither); refuses what the cluster cannot hold.
+
+    Engines enter the placement group when they own GPUs (``engine.gpus``) or share the trainers' ones
+    (``engine.colocate``); CPU engines are not scheduled by CPU count, so env runners still fit beside them (an
+    ``engine.ray_resource`` they ask for is checked here all the same).
+    """
+    engines = engine.replicas if engine is not None and (engine.gpus > 0 or engine.colocate) else 0
+    if engine is not None and engine.ray_resource and not engines:
+        import ray
+
+        check_node_resources({engine.ray_resource: "engine.ray_resource"}, ray.cluster_resources())
+    if trainer.workers == 0 and engines == 0:
+        return None
+    return Placement(PlacementPlan(trainer.workers, trainer.gpus_per_worker, engines,
+                                   engine.gpus if engine is not None else 0.0,
+                                   engine.colocate if engine is not None else False,
+                                   trainer_resource=trainer.ray_resource,
+                                   engine_resource=engine.ray_resource if engine is not None else ""))

@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.chat.samples import trajectory_to_samples
-from agentrl.config import AdvantageConfig, ConfigError, LossConfig, OptimConfig, TrainerConfig
+from agentrl.config import AdvantageConfig, ConfigError, LossConfig, OptimConfig, OverlongConfig, TrainerConfig
 from agentrl.objective import (
     LossOptions,
-    OverlongConfig,
     apply_overlong,
     informative_groups,
     kl_reward_penalty,
@@ -195,10 +194,8 @@ def overlong_config(loss: LossConfig, budget: int) -> OverlongConfig:
     Raises:
         ConfigError: the settings do not fit the budget (a penalty band longer than the budget itself).
     """
-    section = loss.overlong
     try:
-        return OverlongConfig(mode=section.mode, max_length=section.max_length or budget,
-                              cache_length=section.cache_length, penalty_factor=section.penalty_factor)
+        return replace(loss.overlong, max_length=loss.overlong.max_length or budget)
     except ValueError as e:
         raise ConfigError(f"loss.overlong: {e} (the per-turn token budget is {budget}; set "
                           f"loss.overlong.cache_length to at most that)") from None
@@ -337,7 +334,7 @@ class TrainingStep:
         trajectories, in_loss = overlong_and_dynamic_sampling(trajectories, L, self.per_turn_budget, extra)
         samples: list[Sample] = []
         origins: list[tuple[int, int]] = []
-        advantages = turn_advantages(self.advantage.name, trajectories, self.advantage.options())
+        advantages = turn_advantages(self.advantage.estimator, trajectories, self.advantage.options)
         for k, (traj, adv, keep) in enumerate(zip(trajectories, advantages, in_loss)):
             if keep:
                 parts = trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)

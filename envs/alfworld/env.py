@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentrl.env import ClientSetting, TextEnv
 from agentrl.envs.alfworld.catalogue import load_catalogue
 from agentrl.envs.alfworld.engine import GRAMMARS, actions, goal_reached, intro, perform
 from agentrl.envs.alfworld.expert import expert_action, observe
 from agentrl.envs.alfworld.generator import SPLITS, generate_game
 from agentrl.envs.alfworld.textworld_engine import TextWorldGame
 from agentrl.envs.alfworld.world import TASK_TYPES, Game, load_game, save_game
+from agentrl.envs.core import ClientSetting, TextEnv
 
 __all__ = ["AlfworldEnv"]
 

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.env import ClientSetting, SharedResource, TextEnv
+from agentrl.envs.core import ClientSetting, SharedResource, TextEnv
 
 from .grading import TestOutcome, TestReport, grade
 from .sandbox import Sandbox, SandboxError, SandboxLimits, SandboxPool, WorkspaceTooLarge, make_backend

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentrl import budget
-from agentrl.env import ClientSetting, TextEnv
+from agentrl.envs.core import ClientSetting, TextEnv
 
 from .actions import Action, ActionError, format_call, parse_action
 from .phone import Phone

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from agentrl.env import SharedResource
+from agentrl.envs.core import SharedResource
 from agentrl.extras import needs_extra
 
 from .phone import Phone

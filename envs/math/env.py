@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.env import ClientSetting, SharedResource, TextEnv
+from agentrl.envs.core import ClientSetting, SharedResource, TextEnv
 
 from .generator import LEVELS, SPLITS, generate_problem
 from .grading import DEFAULT_GRADE_BUDGET_S, AnswerExtractor, AnswerVerifier, Grader, RewardConfig

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from agentrl import budget
-from agentrl.env import ClientSetting, TextEnv
+from agentrl.envs.core import ClientSetting, TextEnv
 from agentrl.envs.webshop.catalog import SPLITS
 from agentrl.envs.webshop.pages import (
     RESULTS_PER_PAGE,

@@ -4,7 +4,7 @@ On first use the catalogue (generated, or loaded from the original files) is wri
 goals, goal splits and search indexes; afterwards every process opens those files memory-mapped, so 32 runners on
 a node share one copy in the page cache instead of holding 32 (other frameworks report over 100 GB for 128 envs).
 The resource pickles as a reference to its folder (and the kwargs to rebuild it), never as data: a runner pool puts it
-in Ray's object store once and every actor reopens the same files. ``bench/webshop_scale.py`` measures the memory.
+in Ray's object store once and every actor reopens the same files. ``bench/micro/webshop_scale.py`` measures the memory.
 
 Cache folder: ``<root>/<catalogue-key>/`` where ``root`` is the `cache_dir` argument, else ``$AGENTRL_CACHE/webshop``,
 else ``~/.cache/agentrl/webshop``; the key hashes what defines the catalogue (generator version, size and seed, or
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.env import SharedResource
+from agentrl.envs.core import SharedResource
 from agentrl.envs.webshop.catalog import SPLITS, find_data_files, goal_splits, iter_original_products
 from agentrl.envs.webshop.generator import generate_catalogue
 from agentrl.envs.webshop.reward import resolve_tagger, tag_names

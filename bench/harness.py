@@ -1,0 +1,170 @@
+"""What the bench scripts share: where the repository and its results are, the command line a result records, the
+machine's load, per-call timings, `agentrl` run in a subprocess, RSS sums, and reading and writing JSON.
+
+Every script under ``bench/micro/`` and ``bench/studies/`` runs as ``python bench/<kind>/<script>.py`` from the
+repository root, so Python puts only the script's own folder on ``sys.path`` (which is how a study imports a sibling
+study: ``from learn_multiturn import ...``). To reach this module a script appends the repository root, after its other
+imports::
+
+    sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repository root, for bench.harness
+    from bench.harness import RESULTS, ROOT  # noqa: E402
+
+Appended, not inserted: an ``agentrl`` installed or put first on ``PYTHONPATH`` (to measure another checkout, as
+``bench/micro/math_grader_agreement.py`` allows) still wins over this checkout's. The two scripts that want this
+checkout's ``agentrl`` whatever is installed (``micro/allocator.py``, ``micro/openai_proxy.py``) insert the root
+first instead; ``micro/gpu_smoke.py`` does not use the harness at all (the GPU image copies that file alone).
+``bench`` has no ``__init__.py``: it is a namespace package, and only this module is meant to be imported from it.
+
+What is deliberately not here: argument parsing (each script's flags, defaults and help are its own, and ``--out``
+/ ``--results`` / ``--repeats`` mean different things from one script to the next), best-of-N timing (no two scripts
+take a best the same way: `bench/micro/limits.py` calibrates inner loops, `micro/train_memory.py` keeps the fastest
+subprocess's whole record, `micro/trainer_step_passes.py` drops a warm-up first, `micro/eval_penalties.py` needs the
+last call's output), and the machine description (each result names its fields in its own way: ``cpus``, ``cores``,
+``cpu_count``; renaming them would change the layout of the JSON already in docs/results/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root (the folder holding ``bench/``, ``configs/`` and ``docs/``)."""
+
+RESULTS = ROOT / "docs" / "results"
+"""Where results cited in docs/results.md live."""
+
+
+def script_path(script: str | Path) -> str:
+    """`script` (a ``__file__``) as a path from the repository root, e.g. ``bench/micro/limits.py``; as given when
+    it lies outside the repository."""
+    path = Path(script).resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(script)
+
+
+def command_line(script: str | Path, argv: Sequence[str] | None = None, *, quote: bool = False) -> str:
+    """The command that ran `script`, as typed from the repository root: ``python bench/micro/x.py ARGS``.
+
+    Results record it so that a JSON file in docs/results/ says how to reproduce it. `argv` defaults to this
+    process's arguments (``sys.argv[1:]``); `quote` shell-quotes each one (arguments holding spaces, such as a
+    custom variant's flags).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python", script_path(script), *([shlex.quote(a) for a in args] if quote else args)])
+
+
+def repo_relative(path: Path) -> str:
+    """`path` relative to the repository when it lies inside it, else as given: results in git must not name this
+    machine's folders."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def load_1m() -> float:
+    """The 1-minute load average (`os.getloadavg`: the kernel's value, unrounded). The machine may be shared: timings
+    are recorded next to it."""
+    return os.getloadavg()[0]
+
+
+def time_calls(fn: Callable[..., object], calls: Iterable[Sequence[Any]]) -> list[float]:
+    """Wall seconds of ``fn(*args)`` for each `args` of `calls`, one `time.perf_counter` reading on each side."""
+    out = []
+    for args in calls:
+        t0 = time.perf_counter()
+        fn(*args)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def time_repeats(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall seconds of each of `repeats` calls of ``fn()``."""
+    return time_calls(fn, [()] * repeats)
+
+
+def agentrl_command(*args: str) -> list[str]:
+    """``python -m agentrl.cli ARGS`` with this interpreter: the CLI as a user types it, in this environment."""
+    return [sys.executable, "-m", "agentrl.cli", *args]
+
+
+def run_logged(cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
+    """Run `cmd` from the repository root with its output appended to `log` (after a ``$ cmd`` line); its exit code
+    and wall seconds. `env` defaults to a copy of this process's environment."""
+    t0 = time.perf_counter()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=os.environ.copy() if env is None else env).returncode
+    return rc, time.perf_counter() - t0
+
+
+def rss_mib(processes: Iterable[psutil.Process]) -> float:
+    """Summed resident memory of `processes`, in MiB; one that exits before it is read counts 0."""
+    total = 0
+    for p in processes:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:  # exited between the listing and the read
+            pass
+    return total / 2**20
+
+
+def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
+    """Run `agentrl <args>` with a wall-clock limit: SIGINT at the limit (the CLI saves what it has), kill 5 min later.
+
+    Output goes to `log` (overwritten). Peak memory is the largest resident size of the phase's process tree (Ray
+    actors included), sampled every half second. Returns ``rc``, ``seconds``, ``limited``, ``peak_rss_mb`` and
+    ``log`` (relative to the repository when inside it, else the file's name).
+    """
+    t0 = time.perf_counter()
+    peak = 0.0
+    limited = False
+    with open(log, "w") as f:
+        proc = subprocess.Popen(agentrl_command(*args), stdout=f, stderr=subprocess.STDOUT,
+                                cwd=ROOT, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"},
+                                # A shell that starts this script in the background ignores SIGINT, the child
+                                # inherits that, and Python then installs no Ctrl-C handler: the limit's SIGINT
+                                # would be lost (it was, in issue 32's amendment 10).
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            peak = max(peak, rss_mib([watched, *watched.children(recursive=True)]))
+            if not limited and time.perf_counter() - t0 > limit_s:
+                proc.send_signal(signal.SIGINT)
+                limited = True
+            if limited and time.perf_counter() - t0 > limit_s + 300:  # a step in flight finishes its C++ ops first
+                proc.kill()
+            time.sleep(0.5)
+        rc = proc.returncode
+    seconds = time.perf_counter() - t0
+    print(f"  {name}: rc {rc}, {seconds:.0f} s, peak {peak:.0f} MiB"
+          f"{' (stopped at the wall-clock limit)' if limited else ''}", flush=True)
+    return {"rc": rc, "seconds": seconds, "limited": limited, "peak_rss_mb": peak,
+            "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else log.name}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (a run's ``metrics.jsonl``, ``trajectories.jsonl``); blank lines skipped."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_json(path: Path, data: Any, *, indent: int = 1, end: str = "", **dumps: Any) -> Path:
+    """Write `data` as JSON to `path` (its folder made if missing) and return `path`.
+
+    `indent`, `end` (``"\\n"`` for a final newline) and `dumps` (``default=str``, ``ensure_ascii=False``) are each
+    script's own: a rerun rewrites its file in docs/results/ byte for byte in the same layout.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent, **dumps) + end)
+    return path
