@@ -423,6 +423,8 @@ def test_each_default_is_stated_once_in_the_config():
                                                                                   eval_env("gui").seed_offset)
     for name in COMMANDS:  # no generated flag carries a default of its own: a flag not given sets nothing
         assert all(opt.default is None for opt in config_options(root_of(name), COMMANDS[name].aliases))
+    words = " ".join(CliRunner().invoke(app, ["eval", "--help"]).stdout.split())  # the help shows the config's
+    assert "--max-turns INT Model calls per episode" in words and "WebShop 15, GUI 25). [default: 20]" in words
 
 
 @pytest.mark.parametrize("name, module", [("serve", "agentrl.serve.server"), ("env serve", "agentrl.envs.remote")])

@@ -231,6 +231,8 @@ def test_expert_episodes_obey_rls_turn_and_context_budgets(qwen3_tokenizer, tmp_
         run_sft(cfg, progress=False)
 
 
+# ~30 s; the default run checks two FSDP workers against one process in tests/test_fsdp.py and tests/test_packing.py
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # starts Ray and two FSDP worker actors: a hang is a failure, never a stuck suite
 def test_cli_sft_on_two_fsdp_trainer_workers_matches_one_process(tmp_path):
     """`agentrl sft --trainers 2` trains on two FSDP2 workers (gloo on CPU), writes RL's sharded checkpoint, and takes

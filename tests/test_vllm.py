@@ -239,6 +239,7 @@ def test_agentrl_run_with_the_vllm_engine_end_to_end(tmp_path):
     assert versions == {0, 1}
 
 
+@pytest.mark.slow  # ~27 s; async staleness runs in the default run in tests/test_pool_async.py
 def test_agentrl_run_with_async_vllm_rollouts_trains_on_at_most_one_version_old_samples(tmp_path):
     import subprocess
     import sys

@@ -15,7 +15,7 @@ import typer
 
 from agentrl.cli.common import FAILURE, error_code, fail, parse_env_args
 
-__all__ = ["eval_"]
+__all__ = ["eval_", "eval_config"]
 
 
 def eval_(ctx: typer.Context) -> None:
@@ -89,7 +89,7 @@ def eval_config(overrides: dict[str, Any]):
         ConfigError: a value the config refuses (the message names the key).
     """
     from agentrl.config import build_config
-    from agentrl.recipes.evaluate import EvalConfig
+    from agentrl.recipes.eval_config import EvalConfig
 
     if "ks" in overrides:  # the k of pass@k, each once, smallest first, however they were typed
         overrides = {**overrides, "ks": sorted(set(overrides["ks"]))}

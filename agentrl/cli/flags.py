@@ -140,6 +140,8 @@ class Leaf:
     """The field's attribute docstring (empty when the source cannot be read)."""
     envvar: str | None = None
     """An environment variable the flag is also read from (the field's ``envvar`` metadata)."""
+    default: Any = None
+    """The field's default in the dataclass, as the help shows it (None: required, or nothing worth showing)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,10 +178,30 @@ def _walk(cls: type, path: str, out: list[Section]) -> None:
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             children.append((tp, child_path))
         else:
-            leaves.append(Leaf(child_path, tp, docs.get(f.name, ""), f.metadata.get("envvar")))
+            leaves.append(Leaf(child_path, tp, docs.get(f.name, ""), f.metadata.get("envvar"), _default(f)))
     out.append(Section(path, first_sentence(_class_doc(cls).split("\n\n")[0]), tuple(leaves)))
     for child, child_path in children:
         _walk(child, child_path, out)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """The default of field `f` (its factory's value), for the help; None where there is none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def default_label(value: Any) -> str:
+    """How the help shows a default: ``on`` / ``off`` for a switch, names comma-separated; "" for none or empty."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None or (isinstance(value, (str, tuple, list, dict)) and not value):
+        return ""
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -358,6 +380,7 @@ class ConfigOption(click.Option):
             hidden: left out of the help (a renamed key's flag, `renamed_options`).
         """
         self.path, self.section = leaf.path, section
+        self.default_label = default_label(leaf.default)
         tp = _strip_optional(leaf.type)
         _check_alias_form(leaf.path, tp, aliases)
         name, flag = "cfg__" + leaf.path.replace(".", "__"), "--" + leaf.path.replace("_", "-")
@@ -507,7 +530,7 @@ class ConfigCommand(click.Command):
     """
 
     def __init__(self, name: str, root: type, aliases: Mapping[str, str], everyday: Iterable[str],
-                 params: list[click.Parameter], **kwargs: Any):
+                 params: list[click.Parameter], required: Iterable[str] = (), **kwargs: Any):
         """Build the command.
 
         Args:
@@ -516,10 +539,15 @@ class ConfigCommand(click.Command):
             aliases: short flag -> dotted path (`ALIASES`).
             everyday: the flags listed first in the help, in order (`EVERYDAY`).
             params: the command's own options.
+            required: dotted paths the command needs given (its body says so when one is missing); the help marks
+                them ``[required]`` instead of showing a default.
             **kwargs: `click.Command`'s (callback, help, ...).
         """
         self.root, self.everyday = root, tuple(everyday)
         self.config_params = config_options(root, aliases) + renamed_options(root)
+        for opt in self.config_params:
+            if opt.path in required:
+                opt.default_label = "required"
         _check_unique([*params, *self.config_params])
         super().__init__(name, params=[*params, *self.config_params], **kwargs)
 
@@ -550,8 +578,11 @@ class ConfigCommand(click.Command):
 
 
 def _record(ctx: click.Context, param: click.Parameter, flag: str) -> tuple[str, str]:
+    """An everyday flag's line: its help in full, with the config's default as click shows defaults."""
     if isinstance(param, ConfigOption):
-        return param.names(only=flag), param.help or ""
+        label = param.default_label
+        default = f"  [{label if label == 'required' else 'default: ' + label}]" if label else ""
+        return param.names(only=flag), (param.help or "") + default
     return param.get_help_record(ctx)
 
 
@@ -580,14 +611,17 @@ class CommandFlags:
     """Short flag -> dotted path (`ALIASES`)."""
     everyday: tuple[str, ...]
     """The flags its ``--help`` lists first, in order (`EVERYDAY`); the command's own options among them."""
+    required: tuple[str, ...] = ()
+    """Dotted paths it needs on its command line (its body refuses to start without them)."""
 
 
 COMMANDS: dict[str, CommandFlags] = {
     "run": CommandFlags("agentrl.config:RunConfig", ALIASES, EVERYDAY),
     "sft": CommandFlags("agentrl.recipes.sft:SFTConfig", SFT_ALIASES, SFT_EVERYDAY),
-    "eval": CommandFlags("agentrl.recipes.evaluate:EvalConfig", EVAL_ALIASES, EVAL_EVERYDAY),
-    "serve": CommandFlags("agentrl.recipes.serve:ServeConfig", SERVE_ALIASES, SERVE_EVERYDAY),
-    "env serve": CommandFlags("agentrl.envs.server:ServeSettings", ENV_SERVE_ALIASES, ENV_SERVE_EVERYDAY),
+    "eval": CommandFlags("agentrl.recipes.eval_config:EvalConfig", EVAL_ALIASES, EVAL_EVERYDAY, ("env.id", "model")),
+    "serve": CommandFlags("agentrl.recipes.serve:ServeConfig", SERVE_ALIASES, SERVE_EVERYDAY, ("model",)),
+    "env serve": CommandFlags("agentrl.envs.server:ServeSettings", ENV_SERVE_ALIASES, ENV_SERVE_EVERYDAY,
+                              ("env_id",)),
 }
 """Every command whose flags are generated: its name (as typed after ``agentrl``) -> its root and tables."""
 
@@ -607,7 +641,8 @@ def config_command(name: str, callback: Any, params: list[click.Parameter], help
     """
     flags = COMMANDS[name]
     return ConfigCommand(name.rpartition(" ")[2], root_of(name), flags.aliases, flags.everyday, params,
-                         callback=callback, help=help, context_settings={"max_content_width": 120})
+                         required=flags.required, callback=callback, help=help,
+                         context_settings={"max_content_width": 120})
 
 
 def run_command(callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:

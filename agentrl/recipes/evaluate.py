@@ -29,7 +29,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,6 @@ from agentrl.config import (
     ConfigError,
     ContextConfig,
     EngineConfig,
-    EnvConfig,
     LogConfig,
     RunConfig,
     RunnersConfig,
@@ -50,7 +49,16 @@ from agentrl.config import (
 from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.engine.plan import EnginePlan, plan_engine
 from agentrl.passk import Interval, bootstrap_pass_at_k, mean_interval, task_counts, wilson_interval
-from agentrl.protocols.protocol import ProtocolRun  # at run time: the config is rebuilt from its type hints
+from agentrl.protocols.protocol import ProtocolRun
+from agentrl.recipes.eval_config import (
+    EVAL_SEED_OFFSET,
+    SAMPLING_KEYS,
+    EvalConfig,
+    EvalEnvConfig,
+    EvalError,
+    SamplingOverrides,
+    eval_env,
+)
 from agentrl.records import Trajectory, save_trajectories
 
 if TYPE_CHECKING:
@@ -62,13 +70,6 @@ __all__ = [
     "evaluate", "load_results", "training_sampling", "from_protocol",
 ]
 
-EVAL_SEED_OFFSET = 1_000_000
-"""First eval task seed: far above the seeds training draws (0, 1, 2, ...)."""
-
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty")
-"""The generation_config.json keys that set sampling (vLLM reads the same ones)."""
-
 _NEUTRAL: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
                               "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
@@ -79,10 +80,6 @@ _UNSUPPORTED: dict[str, Any] = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cu
 
 # ALFWorld names its held-out sets valid_seen / valid_unseen; "unseen" is the one papers report as the test set.
 SPLIT_ALIASES: dict[str, dict[str, str]] = {"alfworld": {"test": "valid_unseen"}}
-
-
-class EvalError(ValueError):
-    """Bad evaluation input (unknown split, k larger than the samples per task, ...); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -268,165 +265,6 @@ def resolve_split(env_id: str, env_class: Callable[..., Any], env_kwargs: Mappin
     return kwargs, kwargs["split"]
 
 
-@dataclass
-class EvalEnvConfig(EnvConfig):
-    """The env an evaluation plays: `EnvConfig` on held-out task seeds, with eval's own episode budget."""
-
-    seed_offset: int = EVAL_SEED_OFFSET
-    """First task seed; eval's start far above the seeds training draws (0, 1, 2, ...), so no training task is
-    replayed."""
-    max_turns: int = 20
-    """Model calls per episode (envs with their own step budget end sooner: WebShop 15, GUI 25)."""
-
-
-def eval_env(env_id: str, kwargs: Mapping[str, Any] | None = None, *, max_turns: int | None = None,
-             seed_offset: int | None = None) -> EvalEnvConfig:
-    """The `env` section of an evaluation: `env_id` with `kwargs`; what is not given, `EvalEnvConfig`'s defaults."""
-    given = {"max_turns": max_turns, "seed_offset": seed_offset}
-    return EvalEnvConfig(id=env_id, kwargs=dict(kwargs or {}), **{k: v for k, v in given.items() if v is not None})
-
-
-@dataclass(frozen=True, eq=False)
-class SamplingOverrides(Mapping[str, Any]):
-    """Sampling settings that replace the model's official ones; unset (None) keeps the official value.
-
-    As a mapping it holds the settings that are set, which is what `official_sampling` takes as ``overrides``.
-    """
-
-    temperature: float | None = None
-    """Sampling temperature (0 = greedy)."""
-    top_p: float | None = None
-    """Nucleus sampling mass (1 = off)."""
-    top_k: int | None = None
-    """Top-k sampling (0 = off)."""
-    min_p: float | None = None
-    """Min-p sampling (0 = off)."""
-    repetition_penalty: float | None = None
-    """Repetition penalty (1 = off)."""
-    presence_penalty: float | None = None
-    """Presence penalty (0 = off)."""
-    frequency_penalty: float | None = None
-    """Frequency penalty (0 = off)."""
-
-    @classmethod
-    def of(cls, settings: Mapping[str, Any]) -> SamplingOverrides:
-        """The overrides in `settings` (setting name -> value; None values count as unset).
-
-        Raises:
-            EvalError: a name that is not a sampling setting.
-        """
-        if isinstance(settings, SamplingOverrides):
-            return settings
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(settings) - names)
-        if unknown:
-            raise EvalError(f"unknown sampling setting {unknown[0]!r}; known: {', '.join(SAMPLING_KEYS)}")
-        return cls(**settings)
-
-    def _set(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-    def __getitem__(self, key: str) -> Any:
-        """The value of a setting that is set (KeyError otherwise)."""
-        return self._set()[key]
-
-    def __iter__(self):
-        """The names of the settings that are set, in field order."""
-        return iter(self._set())
-
-    def __len__(self) -> int:
-        """How many settings are set."""
-        return len(self._set())
-
-    def __repr__(self) -> str:
-        """``SamplingOverrides(temperature=0.2)``: the settings that are set."""
-        return f"SamplingOverrides({', '.join(f'{k}={v!r}' for k, v in self.items())})"
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What `agentrl eval` runs: RL's `env`, `engine`, `runners`, `context` and `log` sections, and what only eval has.
-
-    Every field is a flag of ``agentrl eval`` (`agentrl.cli.flags`): ``--episodes``, ``--env.max-turns``, ...
-    """
-
-    model: str
-    """A built-in (smollm2-135m, tiny-qwen3), a run's ``checkpoint/`` folder, or a hub id."""
-    env: EvalEnvConfig = field(default_factory=lambda: EvalEnvConfig())
-    """The env, its arguments, the first task seed and the model calls per episode. `EvalEnvConfig` starts at the
-    held-out seeds (`EVAL_SEED_OFFSET`): an `EnvConfig` given here keeps its own seed offset (RL's 0 unless it says
-    otherwise)."""
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    """The engine kind (``auto``: vLLM where it serves the model, else HF; the results record the kind used; the
-    sampler seed reproduces results within one kind, not across), replicas (more than one runs them as Ray actors, as
-    ``agentrl run --engines`` does), precision (empty: the model's) and batch size."""
-    runners: RunnersConfig = field(default_factory=RunnersConfig)
-    """Concurrent env runners in Ray actors, as in training (0 = envs in this process)."""
-    context: ContextConfig | None = None
-    """How prompts are built (a mapping of `ContextConfig` fields); unset: the training run's own (from
-    ``RUN/config.yaml`` when `model` is ``RUN/checkpoint``), else the defaults."""
-    split: str | None = None
-    """Held-out split; unset: ``test`` where the env has splits."""
-    episodes: int = 32
-    """Tasks (env seeds) to evaluate."""
-    ks: tuple[int, ...] = (1,)
-    """The k of pass@k to report, comma-separated (``--k 1,4,8``)."""
-    samples_per_task: int | None = None
-    """Episodes per task (n of pass@k); unset: the largest k."""
-    max_new_tokens: int = 256
-    """New tokens per turn. Eval samples at the model's official settings, not the training sampler's, so this is
-    eval's own budget rather than RL's `sampling` section."""
-    max_context_tokens: int = 4096
-    """An episode whose prompt grows past this is truncated; eval's own, so that every model compared (a base model
-    has no run to take one from) plays under the same budget."""
-    seed: int = 0
-    """Sampler seed (the same seed gives the same results)."""
-    thinking: bool | None = None
-    """Force thinking on or off; unset: what the checkpoint trained with, else the family's default."""
-    sampling_overrides: SamplingOverrides = field(default_factory=SamplingOverrides)
-    """Settings that replace the model's official sampling (``--temperature 1.0``), each recorded as a flag's."""
-    ray_address: str | None = None
-    """Ray cluster to join for env runners and engines (as in training); unset: the one ``RAY_ADDRESS`` names, else a
-    local Ray when needed."""
-    output: str = "runs/eval"
-    """Folder for results.json, report.html and trajectories.jsonl."""
-    confidence: float = 0.95
-    """Level of every interval."""
-    transcripts: int = 6
-    """Sampled episodes shown in the report."""
-    log: LogConfig = field(default_factory=LogConfig)
-    """Experiment trackers that also get the results, the settings and the episodes (`agentrl.trackers`)."""
-    protocol: ProtocolRun | None = field(default=None, metadata={"flag": False})
-    """The named protocol this evaluation runs (``--protocol NAME``; build the config with `from_protocol`), with
-    the overrides given on top of it; None = no protocol. Under a protocol the env's arguments are the protocol's
-    (not the training run's), its sampling replaces the model's official settings, and the panel's fingerprint is
-    checked before the model loads."""
-
-    def __post_init__(self) -> None:
-        # A plain mapping ({"temperature": 1.0}, as callers and YAML give it) becomes the typed overrides.
-        object.__setattr__(self, "sampling_overrides", SamplingOverrides.of(self.sampling_overrides))
-
-    @property
-    def n(self) -> int:
-        """Samples per task."""
-        return self.samples_per_task if self.samples_per_task is not None else max(self.ks)
-
-    def validate(self) -> None:
-        """Raise `EvalError` naming the first bad field (the sections check their own fields when built)."""
-        if self.episodes < 1:
-            raise EvalError(f"--episodes must be >= 1, got {self.episodes}")
-        if not self.ks or min(self.ks) < 1:
-            raise EvalError(f"--k must list positive integers, got {list(self.ks)}")
-        if self.n < max(self.ks):
-            raise EvalError(f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task, "
-                            f"got --samples-per-task {self.n}")
-        if self.max_new_tokens < 1 or self.max_context_tokens < 1:
-            raise EvalError(f"--max-new-tokens and max_context_tokens must be >= 1, got {self.max_new_tokens}, "
-                            f"{self.max_context_tokens}")
-        if not 0 < self.confidence < 1:
-            raise EvalError(f"confidence must be in (0, 1), got {self.confidence}")
-
-
 def from_protocol(run: ProtocolRun, model: str, *, output: str = "runs/eval", engine: EngineConfig | None = None,
                   runners: RunnersConfig | None = None, ray_address: str | None = None) -> EvalConfig:
     """The `EvalConfig` of a protocol with its overrides.
@@ -605,28 +443,15 @@ def _build_engine(cfg: EvalConfig, plan: EnginePlan, policy) -> RequestEngine:
         raise EvalError(str(e)) from None
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[str, Any]:
-    """Run the evaluation; write ``results.json``, ``report.html`` and ``trajectories.jsonl`` to `cfg.output`.
+def _tasks(cfg: EvalConfig, spec, trained_run: RunConfig | None, console) -> tuple[dict[str, Any], str, list[int],
+                                                                                str | None]:
+    """The env's arguments, split and task seeds, checked before the model loads (and the protocol's panel).
 
     Returns:
-        The results, as saved in results.json.
-
-    Raises:
-        EvalError: bad config, env arguments or sampling settings.
-        agentrl.UnknownEnvError, agentrl.models.UnknownModelError: unknown env or model.
+        The env's keyword arguments, the split, the seeds, and the panel's fingerprint under a protocol (else None).
     """
-    import torch
-    from rich.console import Console
-    from tqdm import tqdm
-
     import agentrl
-    from agentrl.models import load_model
-    from agentrl.view.eval_report import write_report
 
-    console = console or Console()
-    cfg.validate()
-    spec = agentrl.spec(cfg.env.id)
-    trained_run = _training_run(cfg.model)  # RUN/config.yaml: the env arguments and context it trained with
     # A protocol fixes the env's arguments; otherwise the training run's are what a user means by default.
     trained_kwargs = {} if cfg.protocol else _env_kwargs_of(trained_run, cfg.env.id)
     if trained_kwargs:  # --env-arg wins key by key
@@ -642,32 +467,45 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         fingerprint = _check_panel(cfg.protocol, env, seeds, console) if cfg.protocol else None
     finally:
         env.close()
+    return env_kwargs, split, seeds, fingerprint
+
+
+def _output_folder(cfg: EvalConfig) -> Path:
+    """The results folder, created before the model loads: a bad --output must not cost a whole evaluation."""
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise EvalError(f"cannot write results to {out}: it is a file, --output needs a folder")
-    try:  # before the model loads: a bad --output must not cost a whole evaluation
+    try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise EvalError(f"cannot write results to {out}: {e.strerror or e}") from None
+    return out
 
-    policy = load_model(cfg.model)
-    policy.model.eval()
-    trained = training_sampling(cfg.model)
+
+def _context(cfg: EvalConfig, spec, policy, trained_run: RunConfig | None) -> tuple[ContextConfig, str]:
+    """The context episodes are rendered with (the training run's, or --context, or defaults), and where it came from.
+
+    Eval's own context budget applies, the same for every model it compares; under a protocol, what the model sees of
+    earlier turns is the protocol's (how its template renders stays the model's).
+    """
     run_context = None if trained_run is None else trained_run.context
     context = cfg.context or run_context or ContextConfig()
     # Named before resolving ("auto" settings), which builds a new object.
-    context_source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"
+    source = "--context" if cfg.context else "training run (config.yaml)" if run_context else "defaults"
     context, _ = resolve_context(context, spec.load(), policy.tokenizer, policy.family)
-    # Eval's own context budget, the same for every model it compares (a base model has no run to take one from).
     context = replace(context, max_context_tokens=cfg.max_context_tokens)
-    if cfg.protocol:  # what the model sees of earlier turns is the protocol's; how its template renders, the model's
+    if cfg.protocol:
         pc = cfg.protocol.protocol.context
         context = replace(context, recap_actions=pc.recap_actions, history=pc.history)
-        context_source += f", recap and history from protocol {cfg.protocol.protocol.name}"
-    cfg = replace(cfg, context=context)
+        source += f", recap and history from protocol {cfg.protocol.protocol.name}"
+    return context, source
+
+
+def _sampling(cfg: EvalConfig, policy, context_source: str) -> ResolvedSampling:
+    """The model's official sampling settings, the thinking mode, flags and a protocol's fixed values, with sources."""
     thinking, thinking_source = cfg.thinking, "flag"
-    if thinking is None and context.enable_thinking is not None:
-        thinking, thinking_source = context.enable_thinking, context_source
+    if thinking is None and cfg.context.enable_thinking is not None:
+        thinking, thinking_source = cfg.context.enable_thinking, context_source
     protocol = cfg.protocol.protocol if cfg.protocol else None
     if protocol and "thinking" not in cfg.protocol.overrides and protocol.sampling.thinking is not None:
         thinking_source = f"protocol {protocol.name}"
@@ -679,25 +517,25 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     if protocol:  # the token budget is the protocol's too, unless a flag changed it
         budget = "flag" if "max_new_tokens" in cfg.protocol.overrides else f"protocol {protocol.name}"
         resolved = replace(resolved, sources={**resolved.sources, "max_new_tokens": budget})
-    _print_settings(console, resolved, trained)
+    return resolved
 
-    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks), spread over the engines.
-    engine_plan = plan_engine(cfg.engine, policy, cfg.model, episodes_in_flight=_tasks_per_chunk(cfg) * cfg.n,
-                              max_model_len=cfg.context.max_context_tokens + cfg.max_new_tokens,
-                              on_cluster=bool(cfg.ray_address) and cfg.engine.replicas > 1)
-    if engine_plan.kind != cfg.engine.kind:
-        console.print(f"engine: {engine_plan.kind} ({engine_plan.why})")
-        cfg = replace(cfg, engine=replace(cfg.engine, kind=engine_plan.kind))
+
+def _play(cfg: EvalConfig, engine_plan: EnginePlan, policy, env_kwargs: Mapping[str, Any], seeds: Sequence[int],
+          resolved: ResolvedSampling, progress: bool) -> tuple[list[Trajectory], float]:
+    """Every task's episodes through the engine(s) and the runner pool; the trajectories and the seconds taken."""
+    import torch
+    from tqdm import tqdm
+
+    from agentrl.rollout.pool import EnvMaker, make_pool
+
     # The training run's context (observation role, recap, family, per-turn budgets), thinking as resolved.
-    rollout_kwargs = replace(context, enable_thinking=resolved.chat_kwargs.get("enable_thinking")).rollout_kwargs(
+    rollout_kwargs = replace(cfg.context, enable_thinking=resolved.chat_kwargs.get("enable_thinking")).rollout_kwargs(
         policy.family)
     torch.manual_seed(cfg.seed)
     engine = _build_engine(cfg, engine_plan, policy)
     start = time.perf_counter()
     bar = tqdm(total=cfg.episodes * cfg.n, disable=not progress, unit="episode",
                desc=f"eval {cfg.env.id} x {policy.name}")
-    from agentrl.rollout.pool import EnvMaker, make_pool
-
     try:
         # The same runner pools as training: env steps in Ray actors (shared env state, fault tolerance), or
         # in-process.
@@ -707,12 +545,50 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     finally:
         engine.close()
     bar.close()
-    seconds = time.perf_counter() - start
+    return trajectories, time.perf_counter() - start
 
+
+def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[str, Any]:
+    """Run the evaluation; write ``results.json``, ``report.html`` and ``trajectories.jsonl`` to `cfg.output`.
+
+    Returns:
+        The results, as saved in results.json.
+
+    Raises:
+        EvalError: bad config, env arguments or sampling settings.
+        agentrl.UnknownEnvError, agentrl.models.UnknownModelError: unknown env or model.
+    """
+    from rich.console import Console
+
+    import agentrl
+    from agentrl.models import load_model
+    from agentrl.view.eval_report import write_report
+
+    console = console or Console()
+    cfg.validate()
+    spec = agentrl.spec(cfg.env.id)
+    trained_run = _training_run(cfg.model)  # RUN/config.yaml: the env arguments and context it trained with
+    env_kwargs, split, seeds, fingerprint = _tasks(cfg, spec, trained_run, console)
+    out = _output_folder(cfg)
+
+    policy = load_model(cfg.model)
+    policy.model.eval()
+    trained = training_sampling(cfg.model)
+    context, context_source = _context(cfg, spec, policy, trained_run)
+    cfg = replace(cfg, context=context)
+    resolved = _sampling(cfg, policy, context_source)
+    _print_settings(console, resolved, trained)
+    # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks), spread over the engines.
+    engine_plan = plan_engine(cfg.engine, policy, cfg.model, episodes_in_flight=_tasks_per_chunk(cfg) * cfg.n,
+                              max_model_len=cfg.context.max_context_tokens + cfg.max_new_tokens,
+                              on_cluster=bool(cfg.ray_address) and cfg.engine.replicas > 1)
+    if engine_plan.kind != cfg.engine.kind:
+        console.print(f"engine: {engine_plan.kind} ({engine_plan.why})")
+        cfg = replace(cfg, engine=replace(cfg.engine, kind=engine_plan.kind))
+    trajectories, seconds = _play(cfg, engine_plan, policy, env_kwargs, seeds, resolved, progress)
     save_trajectories(trajectories, out / "trajectories.jsonl", append=False)
 
     rows = [_episode_row(t) for t in trajectories]
-    summary = summarize(rows, cfg.ks, cfg.confidence)
     results = {
         "agentrl_version": getattr(agentrl, "__version__", ""),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -727,7 +603,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         "context": asdict(context) | {"source": context_source},
         "trained_with": trained,
         "confidence": cfg.confidence,
-        **summary,
+        **summarize(rows, cfg.ks, cfg.confidence),
         "timing": {"seconds": seconds, "episodes_per_second": len(rows) / seconds if seconds > 0 else None},
         "episodes": rows,
         "transcripts": _transcripts(trajectories, policy.tokenizer, cfg.transcripts),

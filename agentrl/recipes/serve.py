@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.config import ContextConfig, EngineConfig
-from agentrl.engine.base import EngineError, SamplingParams
 
 __all__ = ["ServeConfig", "ServeError", "open_server", "serve"]
 
@@ -93,6 +92,7 @@ def open_server(cfg: ServeConfig, *, policy=None):
     import torch
 
     from agentrl.engine import build_engines
+    from agentrl.engine.base import EngineError, SamplingParams  # here: `agentrl serve --help` imports no engine
     from agentrl.engine.plan import plan_engine
     from agentrl.models import load_model
     from agentrl.serve.engine_client import EngineClient

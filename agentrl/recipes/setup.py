@@ -225,8 +225,61 @@ def release_weights(policy: LoadedModel) -> None:
     policy.model.to("meta")
 
 
+def check_before_loading(cfg: RunConfig, *, resume: bool, overwrite: bool) -> tuple[Path, bool, TrainerState | None]:
+    """Refuse what can be refused before a model loads: the folder, the env and its arguments, ``--agent``, a resume.
+
+    Returns:
+        The run folder (created), whether the env is single-turn (the engines' KV sizing reads it), and the
+        checkpoint's trainer state when resuming (else None).
+    """
+    out = prepare_output(cfg, resume, overwrite)
+    agentrl.spec(cfg.env.id)
+    try:
+        with contextlib.closing(agentrl.make(cfg.env.id, **cfg.env.kwargs)) as probe:
+            single_turn = is_single_turn(probe)
+    except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
+        raise ConfigError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
+    if cfg.agent.function:
+        from agentrl.rollout.agent_loader import load_agent
+
+        load_agent(cfg.agent.function)
+    return out, single_turn, resume_state(cfg, out) if resume else None
+
+
+def open_records(cfg: RunConfig, plan: RunPlan, out: Path, *, fresh: bool, asked_ray: str | None) -> RunLog:
+    """Write config.yaml and plan.json, and open the metrics log and trackers; a fresh run first clears old records.
+
+    Called only once every setting is checked: nothing an earlier run left in the folder is lost to a refused run.
+    config.yaml keeps the cluster address as asked (`asked_ray`), so a resume in another job joins that job's cluster.
+    """
+    if fresh:
+        for stale in ("metrics.jsonl", "trajectories.jsonl", TOKEN_VALUES):
+            (out / stale).unlink(missing_ok=True)
+        clear_tracker_files(out)
+    (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(replace(cfg, ray_address=asked_ray)),
+                                                    sort_keys=False))
+    plan.save(out)
+    return RunLog.open(out, cfg.log.trackers, config_to_dict(cfg), project=cfg.log.project, run_name=cfg.log.run_name,
+                       table_episodes=cfg.log.table_episodes, resume=not fresh)  # a restart continues its trackers
+
+
+def training_step(cfg: RunConfig, policy: LoadedModel, backend: TrainingBackend, routing, shuffle: torch.Generator,
+                  out: Path) -> TrainingStep:
+    """The step's objective over the backend, from the loss, advantage, optimizer and trainer sections."""
+    pad_id = policy.tokenizer.pad_token_id
+    return TrainingStep(
+        backend=backend, routing=routing, loss=cfg.loss, advantage=cfg.advantage, optim=cfg.optim,
+        trainer=cfg.trainer, per_turn_budget=max((cfg.sampling.max_new_tokens, *cfg.context.max_new_tokens_by_turn)),
+        pad_id=pad_id if pad_id is not None else policy.tokenizer.eos_token_id, shuffle=shuffle, out=out,
+        reference=load_reference(cfg.model, cfg.loss, getattr(torch, cfg.trainer.compute_dtype)))
+
+
 def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, restart: bool = False) -> Run:
     """Check the config, load the model, resolve the plan, build the backend, the engines and the scheduler.
+
+    The order matters: everything checkable before the model loads; Ray and the devices before the model (workers
+    and engines reserve them); the model before the plan; the plan before the parts; the run folder's records only
+    once every setting is checked.
 
     Args:
         cfg: the run's config.
@@ -237,23 +290,10 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         show: ``fields -> None``: live numbers for the progress line.
         announce: ``text -> None``: says the plan once, before the first step.
     """
-    out = prepare_output(cfg, resume, overwrite)
     torch.manual_seed(cfg.seed)
-    # The env: fail fast on an unknown id or bad kwargs, before loading a model.
-    agentrl.spec(cfg.env.id)
-    try:
-        with contextlib.closing(agentrl.make(cfg.env.id, **cfg.env.kwargs)) as probe:
-            single_turn = is_single_turn(probe)
-    except (TypeError, ValueError, OSError) as e:  # the env's own message names the bad argument
-        raise ConfigError(f"bad arguments for env {cfg.env.id!r} {dict(cfg.env.kwargs)}: {e}") from None
-
-    if cfg.agent.function:  # a wrong --agent is answered before a model loads
-        from agentrl.rollout.agent_loader import load_agent
-
-        load_agent(cfg.agent.function)
-    state = resume_state(cfg, out) if resume else None
+    out, single_turn, state = check_before_loading(cfg, resume=resume, overwrite=overwrite)
     # A `ray job submit` driver joins the job's cluster (RAY_ADDRESS) as --ray-address would: engines and trainers
-    # become actors there. config.yaml keeps what was asked, so a resume in another job joins that job's cluster.
+    # become actors there.
     asked_ray, cluster = cfg.ray_address, choose_address(cfg.ray_address)
     cfg = replace(cfg, ray_address=cluster.address)
     if cluster.source == "RAY_ADDRESS":  # start_ray, given the address, says only where it joins
@@ -282,19 +322,8 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         if state is not None:
             backend.load(checkpoint_folder(out))
             state.restore_rng(shuffle)
-        # Only now, with every setting checked, may a new run replace what an earlier run left in the folder.
-        if not resume and not restart:
-            for stale in ("metrics.jsonl", "trajectories.jsonl", TOKEN_VALUES):
-                (out / stale).unlink(missing_ok=True)
-            clear_tracker_files(out)
-        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(replace(cfg, ray_address=asked_ray)),
-                                                        sort_keys=False))
-        plan.save(out)
-        log = RunLog.open(out, cfg.log.trackers, config_to_dict(cfg), project=cfg.log.project,
-                          run_name=cfg.log.run_name, table_episodes=cfg.log.table_episodes,
-                          resume=resume or restart)  # a restarted run continues its tracker runs
+        log = open_records(cfg, plan, out, fresh=not resume and not restart, asked_ray=asked_ray)
         undo.callback(log.close)
-
         start_step = state.step + 1 if state is not None else 0
         if cfg.trainer.lora.enabled and not backend.trains_in_place:
             # The engines start from the driver's model: give it the workers' adapters (the checkpoint's on resume;
@@ -308,12 +337,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
         if not backend.trains_in_place:
             release_weights(policy)
         undo.pop_all()  # from here on `Run.close` releases them
-    pad_id = policy.tokenizer.pad_token_id
-    step = TrainingStep(
-        backend=backend, routing=routing, loss=cfg.loss, advantage=cfg.advantage, optim=cfg.optim,
-        trainer=cfg.trainer, per_turn_budget=max((cfg.sampling.max_new_tokens, *cfg.context.max_new_tokens_by_turn)),
-        pad_id=pad_id if pad_id is not None else policy.tokenizer.eos_token_id, shuffle=shuffle, out=out,
-        reference=load_reference(cfg.model, cfg.loss, getattr(torch, cfg.trainer.compute_dtype)))
+    step = training_step(cfg, policy, backend, routing, shuffle, out)
     G = cfg.guard
     guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action, kl_key=MISMATCH_KL)
     return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray)

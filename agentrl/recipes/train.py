@@ -173,6 +173,33 @@ def _restart(run: Run, failure: TrainerFailure, step: int, *, progress: bool, sh
     return again
 
 
+def save_rollout(run: Run, trajectories: list) -> None:
+    """Append the step's episodes to trajectories.jsonl, and their screenshots beside it."""
+    cfg, out = run.cfg, run.out
+    # Screenshots are named by the episode's line in trajectories.jsonl: count the lines before appending (only when
+    # the rollout brought any back, so envs without images never read the file).
+    shots = cfg.screenshots_per_step > 0 and any(turn.screenshot for t in trajectories for turn in t.turns)
+    first = episodes_in(out / "trajectories.jsonl") if shots else 0
+    save_trajectories(trajectories, out / "trajectories.jsonl")
+    if shots:
+        save_screenshots(trajectories, first, out, cfg.screenshots_per_step)
+
+
+def count_failed_step(run: Run, step: int, stats, say) -> None:
+    """A step whose every group failed: say so, and stop the run after ``runners.max_failed_steps`` in a row.
+
+    Raises:
+        TrainingError: the limit is reached (the env is gone or broken: more steps would only repeat this).
+    """
+    last = stats.failures[-1] if stats.failures else "none"
+    run.failed_steps += 1
+    limit = run.cfg.runners.max_failed_steps
+    if limit and run.failed_steps >= limit:
+        raise TrainingError(f"every group failed in {run.failed_steps} steps in a row (last failure: {last}); "
+                            f"fix the env; {_resume_hint(run.out)} (--runners.max-failed-steps sets how many)")
+    say(f"step {step}: no complete group ({stats.dropped_groups} dropped); last failure: {last}")
+
+
 def train_step(run: Run, step: int, *, say, show) -> None:
     """One step: rollout, samples, pi_old, updates, metrics, guard, checkpoint (or a rollback).
 
@@ -193,22 +220,9 @@ def train_step(run: Run, step: int, *, say, show) -> None:
     trajectories = as_trained(rollout.trajectories, step)
     t_rollout = time.perf_counter() - t_start
     if cfg.save_trajectories:
-        # Screenshots are named by the episode's line in trajectories.jsonl: count the lines before appending (only
-        # when the rollout brought any back, so envs without images never read the file).
-        shots = cfg.screenshots_per_step > 0 and any(turn.screenshot for t in trajectories for turn in t.turns)
-        first = episodes_in(out / "trajectories.jsonl") if shots else 0
-        save_trajectories(trajectories, out / "trajectories.jsonl")
-        if shots:
-            save_screenshots(trajectories, first, out, cfg.screenshots_per_step)
+        save_rollout(run, trajectories)
     if not trajectories:
-        failures = rollout.stats.failures
-        last = failures[-1] if failures else "none"
-        run.failed_steps += 1
-        limit = cfg.runners.max_failed_steps
-        if limit and run.failed_steps >= limit:  # the env is gone or broken: more steps would only repeat this
-            raise TrainingError(f"every group failed in {run.failed_steps} steps in a row (last failure: {last}); "
-                                f"fix the env; {_resume_hint(out)} (--runners.max-failed-steps sets how many)")
-        say(f"step {step}: no complete group ({rollout.stats.dropped_groups} dropped); last failure: {last}")
+        count_failed_step(run, step, rollout.stats, say)
         return
     run.failed_steps = 0
     live = rollout.stats.metrics() | staleness_metrics(step, trajectories)
