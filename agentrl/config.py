@@ -744,7 +744,9 @@ MOVED_KEYS: dict[str, str] = {
     "dtype": "trainer.dtype",
     "trainer.param_dtype": "trainer.compute_dtype",
 }
-"""Keys of earlier config layouts and where they live now: a YAML that still uses one fails with one line."""
+"""Keys of earlier config layouts and where they live now: a YAML that still uses one fails with one line. The
+one-line messages stay until release 0.3 (after which such a key is an unknown key like any other, with the closest
+valid keys suggested); keys renamed in 0.2 join them then (`RENAMED_KEYS`)."""
 RunConfig.MOVED = MOVED_KEYS
 
 

@@ -137,16 +137,24 @@ class RunningServer(Generic[T]):
 
 def _prepare(app: ASGIApp, host: str, port: int, *, limits: HttpLimits, token: str, extra_hosts: Iterable[str],
              open_paths: Iterable[str], error_body: Callable[[int, str], Mapping[str, Any]],
-             error: type[Exception]) -> tuple[Any, Any]:
-    """Steps 1 to 3 of the module docstring: the guarded app, the bound socket and the uvicorn server."""
+             error: type[Exception], on_stop: Sequence[Callable[[], object]]) -> tuple[Any, Any]:
+    """Steps 1 to 3 of the module docstring: the guarded app, the bound socket and the uvicorn server.
+
+    On failure the `on_stop` clean-ups run before the error propagates: what the caller set up is released.
+    """
     try:
-        names = allowed_hosts(host, extra_hosts)
-    except ValueError as e:
-        raise error(str(e)) from None
-    guarded = HttpGuard(app, allowed_hosts=names, limits=limits, token=token, open_paths=open_paths,
-                        error_body=error_body)
-    sock = bind_socket(host, port, error=error)
-    return sock, uvicorn_server(guarded, limits=limits, error_body=error_body)
+        try:
+            names = allowed_hosts(host, extra_hosts)
+        except ValueError as e:
+            raise error(str(e)) from None
+        guarded = HttpGuard(app, allowed_hosts=names, limits=limits, token=token, open_paths=open_paths,
+                            error_body=error_body)
+        sock = bind_socket(host, port, error=error)
+        return sock, uvicorn_server(guarded, limits=limits, error_body=error_body)
+    except BaseException:
+        for cleanup in on_stop:
+            cleanup()
+        raise
 
 
 def start_server(app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, server: T = None,  # type: ignore[assignment]
@@ -178,13 +186,8 @@ def start_server(app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, server
             health route not answering 200 within 30 seconds.
     """
     limits = limits or HttpLimits()
-    try:
-        sock, uv = _prepare(app, host, port, limits=limits, token=token, extra_hosts=extra_hosts,
-                            open_paths=open_paths, error_body=error_body, error=error)
-    except BaseException:
-        for cleanup in on_stop:
-            cleanup()
-        raise
+    sock, uv = _prepare(app, host, port, limits=limits, token=token, extra_hosts=extra_hosts, open_paths=open_paths,
+                        error_body=error_body, error=error, on_stop=on_stop)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
     running = RunningServer(host, sock.getsockname()[1], server, path, thread, health, token, _uvicorn=uv,
                             _socket=sock, _on_stop=list(on_stop))
@@ -232,13 +235,8 @@ def serve(app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, path: str = "
         KeyboardInterrupt: Ctrl-C, after uvicorn has shut down (uvicorn raises the signal again once it stopped).
     """
     limits = limits or HttpLimits()
-    try:
-        sock, uv = _prepare(app, host, port, limits=limits, token=token, extra_hosts=extra_hosts,
-                            open_paths=open_paths, error_body=error_body, error=error)
-    except BaseException:
-        for cleanup in on_stop:
-            cleanup()
-        raise
+    sock, uv = _prepare(app, host, port, limits=limits, token=token, extra_hosts=extra_hosts, open_paths=open_paths,
+                        error_body=error_body, error=error, on_stop=on_stop)
     url = base_address(host, sock.getsockname()[1]) + path
 
     async def main() -> None:
