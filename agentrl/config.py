@@ -1004,20 +1004,7 @@ def build_config(cls: type, overrides: dict[str, Any]) -> Any:
     Raises:
         ConfigError: an unknown key or a bad value, naming it.
     """
-    values: dict[str, Any] = {}
-    renamed = getattr(cls, "RENAMED", {})
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        if dotted in renamed:
-            _warn_renamed(dotted, renamed)
-            dotted = renamed[dotted].new
-        node = values
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return _build(cls, values)
+    return _build(cls, _set_dotted({}, overrides, getattr(cls, "RENAMED", {}), create=True))
 
 
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
@@ -1026,17 +1013,26 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     None values are skipped; the result is checked as a loaded file is. A key of the config's ``RENAMED`` table
     (`RENAMED_KEYS`: ``--advantage.gamma``) sets its new place, with one warning line.
     """
-    data = config_to_dict(cfg)
-    renamed = getattr(type(cfg), "RENAMED", {})
+    return _build(type(cfg), _set_dotted(config_to_dict(cfg), overrides, getattr(type(cfg), "RENAMED", {}),
+                                         create=False))
+
+
+def _set_dotted(tree: dict[str, Any], overrides: dict[str, Any], renamed: dict[str, Renamed], *,
+                create: bool) -> dict[str, Any]:
+    """`tree` with each dotted key of `overrides` set; returns `tree`.
+
+    None values are skipped; a renamed key sets its new place, with a warning; `create` makes the sections a key
+    names when `tree` lacks them (building from nothing), else the sections must be there (a whole config's tree).
+    """
     for dotted, value in overrides.items():
         if value is None:
             continue
         if dotted in renamed:
             _warn_renamed(dotted, renamed)
             dotted = renamed[dotted].new
-        node = data
+        node = tree
         *parents, leaf = dotted.split(".")
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {}) if create else node[part]
         node[leaf] = value
-    return _build(type(cfg), data)
+    return tree
