@@ -559,7 +559,7 @@ class AdvantageConfig:
                  f"one of {', '.join(ADVANTAGES)}")
         try:  # the estimator owns its option names and values: build them once now rather than fail at step 0
             self.typed_options()
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             raise ConfigError(f"advantage.options: {e}") from None
 
 
@@ -1004,7 +1004,7 @@ def build_config(cls: type, overrides: dict[str, Any]) -> Any:
     Raises:
         ConfigError: an unknown key or a bad value, naming it.
     """
-    return _build(cls, _set_dotted({}, overrides, getattr(cls, "RENAMED", {}), create=True))
+    return _build(cls, _set_dotted({}, overrides, getattr(cls, "RENAMED", {})))
 
 
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
@@ -1013,16 +1013,14 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     None values are skipped; the result is checked as a loaded file is. A key of the config's ``RENAMED`` table
     (`RENAMED_KEYS`: ``--advantage.gamma``) sets its new place, with one warning line.
     """
-    return _build(type(cfg), _set_dotted(config_to_dict(cfg), overrides, getattr(type(cfg), "RENAMED", {}),
-                                         create=False))
+    return _build(type(cfg), _set_dotted(config_to_dict(cfg), overrides, getattr(type(cfg), "RENAMED", {})))
 
 
-def _set_dotted(tree: dict[str, Any], overrides: dict[str, Any], renamed: dict[str, Renamed], *,
-                create: bool) -> dict[str, Any]:
+def _set_dotted(tree: dict[str, Any], overrides: dict[str, Any], renamed: dict[str, Renamed]) -> dict[str, Any]:
     """`tree` with each dotted key of `overrides` set; returns `tree`.
 
-    None values are skipped; a renamed key sets its new place, with a warning; `create` makes the sections a key
-    names when `tree` lacks them (building from nothing), else the sections must be there (a whole config's tree).
+    None values are skipped; a renamed key sets its new place, with a warning. A section `tree` lacks is made, so
+    that an unknown one reaches `_build`, which names it and the valid keys.
     """
     for dotted, value in overrides.items():
         if value is None:
@@ -1033,6 +1031,6 @@ def _set_dotted(tree: dict[str, Any], overrides: dict[str, Any], renamed: dict[s
         node = tree
         *parents, leaf = dotted.split(".")
         for part in parents:
-            node = node.setdefault(part, {}) if create else node[part]
+            node = node.setdefault(part, {})
         node[leaf] = value
     return tree

@@ -28,7 +28,8 @@ never a traceback):
 4. **Body**: ``Content-Length`` must be one decimal number (400), at most `HttpLimits.max_body_bytes` (413, before a
    byte is read); a chunked body is counted as it streams in (413 once over); the whole body must arrive within
    `HttpLimits.body_timeout` (408). The body is read here, whole, before the app runs, so the app never waits on a
-   slow client; both servers take JSON bodies of a few MiB at most, which FastAPI would buffer anyway.
+   slow client; the servers take JSON (or, WebShop's pages, form) bodies of a few MiB at most, which they would
+   buffer anyway.
 5. **WebSocket frames**: larger than `HttpLimits.ws_max_size` are closed by uvicorn with 1009; what a frame holds
    (binary, too deep) is the app's to answer (`agentrl.envs.server` closes with 1003 / 1007 and an OpenEnv error).
 

@@ -253,6 +253,8 @@ def serve(app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, path: str = "
         sock.close()
         for cleanup in on_stop:
             cleanup()
+    if not uv.started:  # uvicorn returns quietly when its start-up fails (a lifespan that raised)
+        raise error("the HTTP server did not start (see the log above)")
 
 
 def _get(host: str, port: int, path: str, token: str, timeout: float) -> tuple[int, bytes]:

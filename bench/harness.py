@@ -138,7 +138,11 @@ def run_phase(name: str, args: list[str], limit_s: float, log: Path) -> dict:
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         watched = psutil.Process(proc.pid)
         while proc.poll() is None:
-            peak = max(peak, rss_mib([watched, *watched.children(recursive=True)]))
+            try:
+                children = watched.children(recursive=True)
+            except psutil.Error:  # it exited since poll()
+                children = []
+            peak = max(peak, rss_mib([watched, *children]))
             if not limited and time.perf_counter() - t0 > limit_s:
                 proc.send_signal(signal.SIGINT)
                 limited = True

@@ -43,8 +43,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from starlette.websockets import WebSocketDisconnect
-
 from agentrl.envs.core import TextEnv
 from agentrl.envs.remote import (
     MAX_ABS_REWARD,
@@ -254,6 +252,9 @@ async def openenv_session(server: EnvServer, websocket: Any, refused: type[_Refu
     server's refusal (`agentrl.envs.server._Refused`: an HTTP status and a message), passed in rather than imported
     so that this module never imports the server, which imports this handler.
     """
+    # Here, not at the top: the played side (`OpenEnvEnv`, in rollout workers) needs no Starlette.
+    from starlette.websockets import WebSocketDisconnect
+
     await websocket.accept()
     try:
         session = await server.open_session({}, kind="openenv")

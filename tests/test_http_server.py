@@ -160,3 +160,17 @@ def test_the_openai_stream_reaches_the_official_client_chunk_by_chunk(qwen3_toke
         assert arrived[-1] - arrived[0] > 0.05 * (len(chunks) - 2), "the chunks arrived together"
     finally:
         running.close()
+
+
+def test_webshop_refuses_a_seed_int_cannot_read_with_a_400_not_a_traceback(tmp_path):
+    """Unicode digits pass `str.isdigit` and 4,300+ digits exceed `int`'s limit: both must be a clear 400 page."""
+    from agentrl.envs.webshop.server import start_server as start_webshop_server
+
+    running = start_webshop_server(num_products=50, seed=1, cache_dir=str(tmp_path))
+    try:
+        for seed in ("%C2%B2", "9" * 5000, "-1", "x"):
+            answer = httpx.get(f"{running.url}/?seed={seed}", follow_redirects=False)
+            assert answer.status_code == 400 and "seed must be a non-negative integer" in answer.text, seed
+        assert httpx.get(f"{running.url}/?seed=3", follow_redirects=False).status_code == 303
+    finally:
+        running.stop()

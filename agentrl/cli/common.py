@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-__all__ = ["ENV_HELP", "USAGE_ERROR", "FAILURE", "fail", "error_code", "parse_env_args"]
+__all__ = ["ENV_HELP", "USAGE_ERROR", "FAILURE", "fail", "error_code", "parse_env_args", "merge_env_args"]
 
 ENV_HELP = ("Env id (see `agentrl envs list`), or package.module:Class (imported from --app-dir, default the "
             "current folder), or path/to/file.py:Class.")
@@ -44,3 +44,17 @@ def parse_env_args(pairs: list[str]) -> dict:
         except yaml.YAMLError as e:
             fail(f"--env-arg {pair!r}: the value is not valid YAML ({str(e).splitlines()[0]}); quote it or fix it")
     return out
+
+
+def merge_env_args(overrides: dict, path: str, env_arg: tuple[str, ...] | list[str], base: object) -> None:
+    """Merge ``--env-arg KEY=VALUE`` pairs into the kwargs at `path` of `overrides`.
+
+    They start from `base` when the flags do not set the kwargs; kwargs that are not a mapping (``--env.kwargs
+    "[1]"``) exit with 2, naming them.
+    """
+    if not env_arg:
+        return
+    kwargs = overrides.get(path, base)
+    if not isinstance(kwargs, dict):
+        fail(f"{path}: expected a mapping for --env-arg to merge into, got {kwargs!r}")
+    overrides[path] = {**kwargs, **parse_env_args(list(env_arg))}

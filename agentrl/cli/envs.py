@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 
-from agentrl.cli.common import ENV_HELP, FAILURE, USAGE_ERROR, error_code, fail, parse_env_args
+from agentrl.cli.common import ENV_HELP, FAILURE, USAGE_ERROR, error_code, fail, merge_env_args, parse_env_args
 
 __all__ = ["envs_list", "play", "env_serve", "webshop_serve"]
 
@@ -57,10 +59,10 @@ def env_serve(ctx: typer.Context) -> None:
     from agentrl.cli.flags import config_command, invoke
     from agentrl.extras import install_hint
 
-    help_text = (f"{env_serve.__doc__}\n\nEvery setting is a flag: --section.field-name (YAML for lists and "
-                 f"mappings); the token is also read from AGENTRL_ENV_TOKEN.")
+    note = ("Every setting is a flag: --section.field-name (YAML for lists and mappings); the token is also read "
+            "from AGENTRL_ENV_TOKEN.")
     try:
-        command = config_command("env serve", _env_serve, _env_serve_options(), help=help_text)
+        command = config_command("env serve", _env_serve, _env_serve_options(), help=env_serve.__doc__, note=note)
     except ImportError as e:  # FastAPI and uvicorn are in the base install: only a broken install lacks them
         fail(f"agentrl env serve needs FastAPI and uvicorn: {install_hint('serve')} ({e})", FAILURE)
     invoke(command, ctx.args, ctx.command_path)
@@ -93,10 +95,9 @@ def _env_serve(overrides: dict, env_arg: tuple[str, ...], max_body_mib: float | 
     if "env_id" not in overrides:
         fail("agentrl env serve needs --env")
     for flag, value in (("--max-body-mib", max_body_mib), ("--read-timeout", read_timeout)):
-        if value is not None and not value > 0:
-            fail(f"{flag} must be > 0, got {value}")
-    if env_arg:
-        overrides["kwargs"] = {**overrides.get("kwargs", {}), **parse_env_args(list(env_arg))}
+        if value is not None and not (math.isfinite(value) and value > 0):
+            fail(f"{flag} must be a finite number > 0, got {value}")
+    merge_env_args(overrides, "kwargs", env_arg, {})
     if max_body_mib is not None:  # the one flag sets both bounds, unless a finer flag sets one itself
         for path in ("limits.max_body_bytes", "limits.ws_max_size"):
             overrides.setdefault(path, int(max_body_mib * 2**20))

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from agentrl.cli.common import FAILURE, error_code, fail, parse_env_args
+from agentrl.cli.common import FAILURE, error_code, fail, merge_env_args
 
 __all__ = ["eval_", "eval_config"]
 
@@ -22,8 +22,7 @@ def eval_(ctx: typer.Context) -> None:
     """Evaluate a model at its official sampling settings: success, reward, pass@k with intervals, report.html."""
     from agentrl.cli.flags import config_command, invoke
 
-    help_text = f"{eval_.__doc__}\n\nEvery config field is a flag: --section.field-name (YAML for lists and mappings)."
-    invoke(config_command("eval", _eval, _eval_options(), help=help_text), ctx.args, ctx.command_path)
+    invoke(config_command("eval", _eval, _eval_options(), help=eval_.__doc__), ctx.args, ctx.command_path)
 
 
 def _eval_options() -> list:
@@ -62,8 +61,7 @@ def _eval(overrides: dict, env_arg: tuple[str, ...], compare: tuple[Path, Path] 
         if list_protocols:
             typer.echo(listing())
             return
-        if env_arg:
-            overrides["env.kwargs"] = {**overrides.get("env.kwargs", {}), **parse_env_args(list(env_arg))}
+        merge_env_args(overrides, "env.kwargs", env_arg, {})
         if protocol is not None:
             cfg = _protocol_config(protocol, overrides)
         elif "env.id" not in overrides and "env.url" not in overrides or "model" not in overrides:

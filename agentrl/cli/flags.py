@@ -634,14 +634,21 @@ def root_of(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-def config_command(name: str, callback: Any, params: list[click.Parameter], help: str) -> ConfigCommand:
+FLAG_NOTE = "Every config field is a flag: --section.field-name (YAML for lists and mappings)."
+"""The line every config command's help ends with (after its own description)."""
+
+
+def config_command(name: str, callback: Any, params: list[click.Parameter], help: str, *,
+                   note: str = FLAG_NOTE) -> ConfigCommand:
     """Command `name` of `COMMANDS`: its own options (`params`), then one flag per field of its root config.
 
     The callback gets its own options by name and the config flags given as ``overrides`` (dotted path -> value).
+    The help is `help` (the command's description; empty for none) followed by `note`.
     """
     flags = COMMANDS[name]
+    text = f"{help}\n\n{note}" if help else ""
     return ConfigCommand(name.rpartition(" ")[2], root_of(name), flags.aliases, flags.everyday, params,
-                         required=flags.required, callback=callback, help=help,
+                         required=flags.required, callback=callback, help=text,
                          context_settings={"max_content_width": 120})
 
 

@@ -17,8 +17,7 @@ def serve_(ctx: typer.Context) -> None:
     """Serve a model behind an OpenAI-compatible /v1/chat/completions and /v1/completions, recording every call."""
     from agentrl.cli.flags import config_command, invoke
 
-    help_text = f"{serve_.__doc__}\n\nEvery config field is a flag: --section.field-name (YAML for lists and mappings)."
-    invoke(config_command("serve", _serve, [], help=help_text), ctx.args, ctx.command_path)
+    invoke(config_command("serve", _serve, [], help=serve_.__doc__), ctx.args, ctx.command_path)
 
 
 def _serve(overrides: dict) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from agentrl.cli.common import FAILURE, error_code, fail, parse_env_args
+from agentrl.cli.common import FAILURE, error_code, fail, merge_env_args
 
 __all__ = ["run", "sft"]
 
@@ -21,8 +21,7 @@ def run(ctx: typer.Context) -> None:
     """Train a model with RL on an env: rollouts, the loss, AdamW, metrics.jsonl, curves.png, checkpoints."""
     from agentrl.cli.flags import config_command, invoke
 
-    help_text = f"{run.__doc__}\n\nEvery config field is a flag: --section.field-name (YAML for lists and mappings)."
-    invoke(config_command("run", _run, _run_options(), help=help_text), ctx.args, ctx.command_path)
+    invoke(config_command("run", _run, _run_options(), help=run.__doc__), ctx.args, ctx.command_path)
 
 
 def _run_options() -> list:
@@ -104,8 +103,7 @@ def sft(ctx: typer.Context) -> None:
     """Supervised warm start on expert (or given) episodes, with RL's templates and loss masks; checkpoint + eval."""
     from agentrl.cli.flags import config_command, invoke
 
-    help_text = f"{sft.__doc__}\n\nEvery config field is a flag: --section.field-name (YAML for lists and mappings)."
-    invoke(config_command("sft", _sft, _sft_options(), help=help_text), ctx.args, ctx.command_path)
+    invoke(config_command("sft", _sft, _sft_options(), help=sft.__doc__), ctx.args, ctx.command_path)
 
 
 def _sft_options() -> list:
@@ -163,14 +161,9 @@ def _configured(cfg, overrides: dict, env_arg: tuple[str, ...]):
 
 def _merge_env_args(overrides: dict, cfg, env_arg: tuple[str, ...]) -> None:
     """--env-arg KEY=VALUE merges into env.kwargs; a new --env starts from no kwargs (the old ones were its env's)."""
-    from agentrl.config import ConfigError
-
     env = overrides.get("env.id")
     if env_arg:
-        base = overrides.get("env.kwargs", cfg.env.kwargs if env is None else {})
-        if not isinstance(base, dict):
-            raise ConfigError(f"env.kwargs: expected a mapping, got {base!r}")
-        overrides["env.kwargs"] = {**base, **parse_env_args(list(env_arg))}
+        merge_env_args(overrides, "env.kwargs", env_arg, cfg.env.kwargs if env is None else {})
     elif env is not None and env != cfg.env.id and "env.kwargs" not in overrides:
         overrides["env.kwargs"] = {}  # the default kwargs belong to the default env
     if env is not None and env != cfg.env.url and "env.url" not in overrides:

@@ -26,6 +26,7 @@ from agentrl.config import EngineConfig
 from agentrl.engine.factory import EngineSpec
 from agentrl.engine.kv_cache import size_kv_cache
 from agentrl.engine.launch import choose_engine
+from agentrl.training.precision import dtype_bytes
 
 __all__ = ["EnginePlan", "plan_engine", "engine_dtype", "kv_cache_gib", "VLLM_RUNTIME_BYTES", "SERVER_KV_GIB",
            "MAX_VLLM_LORA_RANK"]
@@ -38,12 +39,6 @@ SERVER_KV_GIB = 1.0
 
 MAX_VLLM_LORA_RANK = 512
 """The largest adapter rank vLLM's LoRA support loads."""
-
-
-def _dtype_bytes(dtype: str) -> int:
-    import torch
-
-    return torch.finfo(getattr(torch, dtype)).bits // 8
 
 
 @dataclass(frozen=True)
@@ -105,7 +100,7 @@ class EnginePlan:
         """
         if self.kind != "vllm" or not self.in_process:
             return 0
-        return int(self.kv_cache_gib * 2**30) + n_params * _dtype_bytes(self.dtype) + VLLM_RUNTIME_BYTES
+        return int(self.kv_cache_gib * 2**30) + n_params * dtype_bytes(self.dtype) + VLLM_RUNTIME_BYTES
 
 
 def engine_dtype(setting: str, kind: str, *, trainer_compute: str | None, weights_dtype: str) -> str:
@@ -148,7 +143,7 @@ def kv_cache_gib(config: EngineConfig, model_config: Any, dtype: str, *, episode
 
         available_bytes = psutil.virtual_memory().available // config.replicas  # local replicas share this machine
     per_engine = math.ceil(episodes_in_flight / config.replicas)
-    return size_kv_cache(model_config, _dtype_bytes(dtype), per_engine, context_tokens, available_bytes)
+    return size_kv_cache(model_config, dtype_bytes(dtype), per_engine, context_tokens, available_bytes)
 
 
 def plan_engine(config: EngineConfig, model: Any, model_name: str, *, episodes_in_flight: int | None,

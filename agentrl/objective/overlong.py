@@ -65,7 +65,7 @@ def apply_overlong(
         `(rewards [N], mask [N, T])`, new tensors; the inputs are not modified.
 
     Raises:
-        ValueError: "penalize" without a max_length.
+        ValueError: "penalize" without a max_length, or a mode other than none, filter and penalize.
     """
     if config.mode == "filter":
         keep = (~truncated.bool()).unsqueeze(1)  # [N, 1]
@@ -77,4 +77,6 @@ def apply_overlong(
                              "fills in the per-turn token budget)")
         penalty = overlong_penalty(lengths, config.max_length, config.cache_length, config.penalty_factor)  # [N]
         return rewards + penalty.to(rewards.dtype), mask.clone()
+    if config.mode != "none":
+        raise ValueError(f"unknown overlong mode {config.mode!r}; choose none, filter or penalize")
     return rewards.clone(), mask.clone()

@@ -113,7 +113,7 @@ class EvalConfig:
 
     model: str
     """A built-in (smollm2-135m, tiny-qwen3), a run's ``checkpoint/`` folder, or a hub id."""
-    env: EvalEnvConfig = field(default_factory=lambda: EvalEnvConfig())
+    env: EvalEnvConfig = field(default_factory=EvalEnvConfig)
     """The env, its arguments, the first task seed and the model calls per episode. `EvalEnvConfig` starts at the
     held-out seeds (`EVAL_SEED_OFFSET`): an `EnvConfig` given here keeps its own seed offset (RL's 0 unless it says
     otherwise)."""

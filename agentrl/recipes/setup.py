@@ -23,7 +23,6 @@ from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard
 from agentrl.recipes.plan import ClusterPlan, RunPlan, plan_run
 from agentrl.recipes.stops import claim_sigterm
-from agentrl.rollout.agents import AgentRollout
 from agentrl.rollout.driver import RolloutDriver
 from agentrl.rollout.plan import is_single_turn
 from agentrl.rollout.scheduler import RolloutScheduler
@@ -176,6 +175,8 @@ def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: T
         sampling.__dict__ | {"chat_kwargs": cfg.context.chat_kwargs(),
                              "model_generation_config": policy.generation_config}, default=list))
     if cfg.agent.function:  # agents written against the OpenAI API play the episodes (agentrl.rollout.agents)
+        from agentrl.rollout.agents import AgentRollout  # the OpenAI front end (FastAPI) only for --agent runs
+
         return AgentRollout.from_config(
             agent=cfg.agent, env=cfg.env, scheduler=cfg.scheduler, runners=cfg.runners, context=cfg.context,
             sampling=sampling, engine=engine, weights=backend.named_weights, tokenizer=policy.tokenizer,

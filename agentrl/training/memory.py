@@ -6,7 +6,8 @@ Peak resident memory of one update, for a decoder-only transformer trained with 
     gradients    P x bytes(dtype)
     AdamW        2 x P x 4            (two float32 moments)
     engine copy  P x bytes(dtype)     (when the inference engine holds weights of its own)
-    engine       KV cache + weights + ~1.5 GB runtime  (an in-process vLLM engine: resident through the step)
+    engine       KV cache + weights + ~1.5 GB runtime  (an in-process vLLM engine: resident through the step;
+                                          `agentrl.engine.plan.EnginePlan.resident_bytes`)
     activations  tokens x layers x a  (a: values saved for backward per token and layer, see `_per_token_layer`)
                  with gradient checkpointing: tokens x layers x hidden + tokens x a (one layer recomputed)
     logits       min(tokens x V x 4, KEEP_BYTES) + 4 x chunk x V x 4   (`agentrl.training.logprobs`: the kept
@@ -25,11 +26,7 @@ from dataclasses import dataclass
 
 from agentrl.training.logprobs import CHUNK_BYTES, KEEP_BYTES
 
-__all__ = ["MemoryEstimate", "MemoryPlan", "estimate_train_memory", "plan_training_memory", "RUNTIME_BYTES",
-           "VLLM_RUNTIME_BYTES"]
-
-VLLM_RUNTIME_BYTES = int(1.5 * 2**30)
-"""What an in-process vLLM engine holds beside its KV cache and weights (measured here: ~1.6 GB of RSS)."""
+__all__ = ["MemoryEstimate", "MemoryPlan", "estimate_train_memory", "plan_training_memory", "RUNTIME_BYTES"]
 
 RUNTIME_BYTES = int(0.6 * 2**30)
 """Interpreter, torch, transformers and a tokenizer, resident before any tensor (measured: 0.5-0.7 GB)."""

@@ -21,18 +21,12 @@ from agentrl.config import TrainerConfig
 from agentrl.training.allocator import run_threshold_kb
 from agentrl.training.lora import adapter_parameter_count
 from agentrl.training.memory import MemoryPlan, plan_training_memory
-from agentrl.training.precision import ComputePrecision, resolve_compute_dtype
+from agentrl.training.precision import ComputePrecision, dtype_bytes, resolve_compute_dtype
 
 __all__ = ["TrainerPlan", "plan_trainer", "compute_precision", "memory_limit", "NO_LIMIT"]
 
 NO_LIMIT = 1 << 62
 """The limit of workers whose memory is only known where they run (GPUs, other nodes)."""
-
-
-def _dtype_bytes(dtype: str) -> int:
-    import torch
-
-    return torch.finfo(getattr(torch, dtype)).bits // 8
 
 
 @dataclass(frozen=True)
@@ -130,7 +124,7 @@ def plan_trainer(trainer: TrainerConfig, model: Any, *, longest_sample: int, com
     """
     compute = compute or compute_precision(trainer)
     memory = plan_training_memory(
-        model, dtype_bytes=_dtype_bytes(trainer.dtype), token_budget=trainer.micro_batch_tokens,
+        model, dtype_bytes=dtype_bytes(trainer.dtype), token_budget=trainer.micro_batch_tokens,
         longest_sample=longest_sample, checkpointing=trainer.gradient_checkpointing, engine_copy=engine_copy,
         limit_bytes=memory_limit(trainer, on_cluster=on_cluster), shards=max(trainer.workers, 1),
         engine_bytes=engine_bytes,

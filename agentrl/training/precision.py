@@ -29,7 +29,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ComputePrecision", "MasterWeights", "resolve_compute_dtype", "native_bf16"]
+__all__ = ["ComputePrecision", "MasterWeights", "resolve_compute_dtype", "native_bf16", "dtype_bytes"]
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a floating dtype named as in the config (``float32``, ``bfloat16``)."""
+    return torch.finfo(getattr(torch, dtype)).bits // 8
 
 @dataclass(frozen=True)
 class ComputePrecision:

@@ -43,8 +43,9 @@ def run_variant(recipe: str, flags: list[str], folder: Path) -> dict:
     cmd = agentrl_command("sft", "--config", str(ROOT / "configs" / f"{recipe}-sft.yaml"), "--epochs", "1",
                           "--eval-episodes", "0", "--val-demos", "0", "--output", str(out), "--overwrite", *flags)
     code, wall = run_logged(cmd, folder / "log.txt")
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({code}): see {folder / 'log.txt'}")
+    if code != 0:  # the log's folder is temporary: its tail goes into the message
+        tail = (folder / "log.txt").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{' '.join(cmd)} failed ({code}); the end of its log:\n{tail}")
     summary = json.loads((out / "summary.json").read_text())
     rows = read_jsonl(out / "metrics.jsonl")
     tokens = sum(r["tokens"] for r in rows)

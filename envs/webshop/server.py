@@ -119,7 +119,7 @@ def _get(sessions: WebShopSessions, target: str) -> Response:
     url = urlparse(target)
     if url.path == "/":
         seed_text = parse_qs(url.query).get("seed", [""])[0]
-        if seed_text and not seed_text.isdigit():
+        if seed_text and not (seed_text.isascii() and seed_text.isdigit() and len(seed_text) <= 20):
             return _page(HTTPStatus.BAD_REQUEST, f"<p>seed must be a non-negative integer, got {seed_text!r}</p>")
         sid = sessions.create(int(seed_text) if seed_text else None)
         return _page(HTTPStatus.SEE_OTHER, location=f"/s/{sid}")
