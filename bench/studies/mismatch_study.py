@@ -37,7 +37,7 @@ from bench.harness import RESULTS, ROOT, agentrl_command, command_line, read_jso
 OBJECTIVES = {
     "minirl_tis": [],
     "minirl_nois": ["--loss.options", "{correction: none}"],
-    "grpo": ["--loss.name", "grpo", "--advantage.name", "grpo"],
+    "grpo": ["--loss.name", "grpo", "--advantage.estimator", "grpo"],
 }
 PER_STEP = ("success_rate", "reward_mean", "entropy", "grad_norm", "kl_k1", "kl_k3", "is_weight_mean", "is_weight_max",
             "is_ess", "correction_truncated_frac", "clip_frac", "clip_frac_low", "clip_frac_high", "ppo_kl",
@@ -64,6 +64,7 @@ def run_arm(arm: str, args: argparse.Namespace, runs: Path, log: Path) -> dict:
             "run", "--env", "math", "--seed", str(args.seed), "--steps", str(args.steps), "--engine", "vllm",
             "--engine-dtype", args.engine_dtype, "--sync-every", sync, *OBJECTIVES[objective],
             *(["--lr", str(args.lr)] if args.lr else []), "--output", str(run), "--overwrite"], log)
+        run.mkdir(parents=True, exist_ok=True)  # a run that failed before its first line has no folder
         walls_file.write_text(json.dumps(walls))
     rows = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
     out: dict = {"arm": arm, "objective": objective, "sync_every": int(sync), "steps_done": len(rows),
