@@ -36,7 +36,8 @@ __all__ = [
     "EnvConfig", "SamplingConfig", "EngineConfig", "VllmEngineConfig", "RunnersConfig", "SchedulerConfig",
     "ContextConfig",
     "TrainerConfig", "LoraConfig", "OptimConfig", "LossConfig", "OverlongConfig", "AdvantageConfig", "GuardConfig",
-    "LogConfig", "AgentConfig",
+    "CurriculumConfig",
+    "LogConfig", "AgentConfig", "JudgeConfig", "RewardConfig", "RUBRIC_FIELDS", "check_rubric",
     "RunConfig",
     "MOVED_KEYS", "RENAMED_KEYS", "Renamed",
     "ConfigError",
@@ -242,11 +243,92 @@ class SchedulerConfig:
     """Collect the next step's rollout while this step trains, bounded by `max_staleness`."""
     max_staleness: int = 1
     """Async mode: train only on samples at most this many policy versions old (fresher ones first)."""
+    max_oversample: float = 1.0
+    """Dynamic sampling that refills (needs `loss.dynamic_sampling`): a step rolls out more tasks until it has
+    `prompts_per_step` groups with mixed rewards, at most this many times `prompts_per_step` tasks in all (1 = no
+    refill: groups whose episodes all got the same reward are only left out). Extra tasks come in rounds of at most
+    `prompts_per_step`, from seeds of their own (`refill_seed`); see `agentrl.rollout.refill`."""
+    partial_rollouts: bool = False
+    """Async mode: partial rollouts: episodes play on across steps and weight updates (between turns), a step trains on
+    the first groups to complete, and `max_staleness` holds per turn (older turns leave the loss); see
+    `agentrl.rollout.partial`."""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "group_size", "sync_every"):
             _require(getattr(self, name) >= 1, f"scheduler.{name}", getattr(self, name), ">= 1")
         _require(self.max_staleness >= 0, "scheduler.max_staleness", self.max_staleness, ">= 0")
+        _require(not self.partial_rollouts or self.async_rollout, "scheduler.partial_rollouts", self.partial_rollouts,
+                 "false without scheduler.async_rollout (partial rollouts run in async mode): add --async")
+        _require(isinstance(self.max_oversample, (int, float)) and 1 <= self.max_oversample < float("inf"),
+                 "scheduler.max_oversample", self.max_oversample,
+                 "a finite number >= 1 (1 = no refill; 3 = up to 3 x prompts_per_step tasks a step)")
+        _require(not (self.partial_rollouts and self.refills), "scheduler.partial_rollouts", self.partial_rollouts,
+                 "false with scheduler.max_oversample > 1 (the refill's rounds need each step's own groups; partial "
+                 "rollouts train on whichever groups complete first)")
+
+    @property
+    def max_tasks(self) -> int:
+        """The most tasks one step may roll out: ``floor(max_oversample * prompts_per_step)``, at least one step's."""
+        return max(self.prompts_per_step, int(self.max_oversample * self.prompts_per_step + 1e-9))
+
+    @property
+    def refills(self) -> bool:
+        """Whether a step may roll out more tasks than `prompts_per_step` (``max_oversample`` allows one more)."""
+        return self.max_tasks > self.prompts_per_step
+
+    def refill_seed(self, step: int, j: int) -> int:
+        """The task seed (before ``env.seed_offset``) of the `j`-th extra task of step `step`.
+
+        ``REFILL_SEED_BASE + step * (max_tasks - prompts_per_step) + j``: each step owns a range of its own, apart
+        from every step's first draw (``step * prompts_per_step + i``, unchanged), so the extra tasks are a function
+        of the step alone and a resumed run replays the same ones without any state in the checkpoint (a counter
+        there would have to be saved and restored exactly, and a restart from an older checkpoint would have to roll
+        it back). The range moves if `max_oversample` or `prompts_per_step` changes between a run and its resume.
+        """
+        if not 0 <= j < self.max_tasks - self.prompts_per_step:
+            raise ValueError(f"step {step} has {self.max_tasks - self.prompts_per_step} extra task seeds, not {j + 1}")
+        return REFILL_SEED_BASE + step * (self.max_tasks - self.prompts_per_step) + j
+
+
+REFILL_SEED_BASE = 500_000
+"""Extra task seeds of dynamic sampling's refill start here (plus ``env.seed_offset``; `SchedulerConfig.refill_seed`):
+past every first draw of a run of up to 500,000 / prompts_per_step steps, below the held-out seeds."""
+HELD_OUT_SEED_START = 1_000_000
+"""Evaluation's default held-out task seeds start here (`agentrl.recipes.eval_config.EVAL_SEED_OFFSET`): no training
+seed may reach it."""
+
+
+@dataclass
+class CurriculumConfig:
+    """Which tasks each step plays: a task-sampling policy chosen by name, and its options.
+
+    See `agentrl.rollout.curriculum`. Its state is saved in the checkpoint, so a resume continues it.
+    """
+
+    policy: str = "uniform"
+    """uniform (every step new tasks in seed order), success (the env's levels, or a pool of tasks, whose recent group
+    success is mixed, so groups keep a learning signal), difficulty (the env's levels easiest first, one up when the
+    success at the current one passes a threshold) or horizon (max turns per episode growing by a step schedule, as
+    ScalingInter-RL). Levels are the env's own (math: its levels; ALFWorld, GUI: task types; code: its levels)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The policy's own options, e.g. ``{band: [0.2, 0.8]}`` or ``{over: task, tasks: 64}`` for success,
+    ``{threshold: 0.7, review: 0.2}`` for difficulty, ``{schedule: [[0, 10], [100, 25], [200, 50]]}`` for horizon
+    (each policy declares and checks its names and types); what is left out takes the policy's default."""
+
+    def typed_options(self) -> Any:
+        """The policy's frozen options dataclass: `options` over its defaults (e.g. `SuccessOptions`)."""
+        from agentrl.rollout.curriculum import curriculum_options
+
+        return curriculum_options(self.policy, **self.options)
+
+    def __post_init__(self) -> None:
+        from agentrl.rollout.curriculum import CURRICULA
+
+        _require(self.policy in CURRICULA, "curriculum.policy", self.policy, f"one of {', '.join(CURRICULA)}")
+        try:  # the policy owns its option names and values: build them once now rather than fail at step 0
+            self.typed_options()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"curriculum.options: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -511,7 +593,7 @@ class LossConfig:
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: leave out groups whose episodes all got the same reward (zero advantage: they only
-    dilute the batch)."""
+    dilute the batch); with `scheduler.max_oversample` > 1 the step also rolls out more tasks to make up for them."""
     routing_replay: str = "none"
     """MoE Routing Replay: ``none``, ``r2`` (replay the training router's pi_old choices in the updates) or ``r3``
     (replay the experts the inference engine chose at rollout, in the pi_old pass and the updates)."""
@@ -636,6 +718,153 @@ class AgentConfig:
                  "empty unless agent.function is set (dataset rows are tasks for an agent function)")
 
 
+RUBRIC_FIELDS: tuple[str, ...] = ("task", "transcript", "rule_reward", "scale_min", "scale_max")
+"""The placeholders a judge's rubric template may use, as ``{name}`` (`agentrl.rewards.judge.render_prompt`)."""
+
+
+def check_rubric(text: str, key: str) -> None:
+    """Refuse a rubric template with an unknown ``{placeholder}`` or without ``{transcript}``.
+
+    Braces that do not hold a bare name (``{"score": 7}`` in an example) are left alone: only ``{identifier}`` is a
+    placeholder, so a typo such as ``{transcrpt}`` is caught rather than sent to the judge verbatim.
+
+    Raises:
+        ConfigError: naming `key` (the field the template came from), the placeholder and the valid ones.
+    """
+    import re
+
+    names = re.findall(r"\{([A-Za-z_]\w*)\}", text)
+    unknown = [name for name in names if name not in RUBRIC_FIELDS]
+    _require(not unknown, key, f"{{{unknown[0]}}}" if unknown else "",
+             f"a template whose placeholders are among {', '.join('{' + n + '}' for n in RUBRIC_FIELDS)}")
+    _require("transcript" in names, key, text[:60] + ("..." if len(text) > 60 else ""),
+             "a template that holds {transcript} (the judge must see the episode it scores)")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """A judge model that scores each finished episode through an OpenAI-compatible endpoint (off by default).
+
+    Read by `agentrl.rewards.judge.JudgeReward`: each episode's task and transcript (and its rule reward) fill a
+    rubric template, the judge's reply must end with one ``SCORE: <number>`` line on the stated `scale`, and the
+    score, mapped to [0, 1], is combined with the env's rule reward (`RewardConfig`). An episode whose score could
+    not be obtained (timeouts, an unreachable endpoint, a reply without a score, past the budget, after the retries)
+    is never scored 0: its group is dropped and counted (``judge_failures``), as an env failure is. The weights and
+    gate that combine the score with the rule reward are `RewardConfig`'s.
+    """
+
+    endpoint: str = ""
+    """The OpenAI-compatible base URL, e.g. ``http://127.0.0.1:8000/v1`` (``agentrl serve``, vLLM, a hosted API);
+    ``/chat/completions`` is appended. Empty: no judge, the env's rule reward alone."""
+    model: str = ""
+    """The ``model`` each request names (a served model's name, as ``/v1/models`` lists it)."""
+    rubric: str = ""
+    """The rubric template, inline: placeholders ``{task}``, ``{transcript}`` (required), ``{rule_reward}``,
+    ``{scale_min}``, ``{scale_max}``; it must ask for a last line ``SCORE: <number>``. Empty (with `rubric_file`
+    empty too): the built-in rubric (`agentrl.rewards.judge.DEFAULT_RUBRIC`)."""
+    rubric_file: str = ""
+    """The rubric template read from this file instead of `rubric` (one of the two)."""
+    scale: tuple[float, float] = (0.0, 10.0)
+    """The lowest and highest score the rubric asks for; a score is mapped to [0, 1] linearly, and one outside the
+    scale is a failed reply."""
+    temperature: float = 0.0
+    """The judge's sampling temperature (0: its most likely verdict, so the cache is also what a second call says)."""
+    max_reply_tokens: int = 512
+    """The ``max_tokens`` of each request: room for the judge's reasoning and its SCORE line."""
+    timeout: float = 60.0
+    """Seconds each phase of a call may take (connecting; waiting for the reply): past it the call failed."""
+    retries: int = 3
+    """Calls after a failed one (timeout, unreachable, HTTP 408/429/5xx, a reply without a parsable score) before
+    the episode counts as failed; other HTTP errors (401, 404) are not retried."""
+    backoff: float = 1.0
+    """Seconds before the first retry, doubled before each later one."""
+    budget_calls: int = 0
+    """The most HTTP calls to the judge in the whole run (retries count; cache hits are free; a resume continues the
+    count): a call past it is not made, and its episode counts as failed (``judge_over_budget``). 0: no limit."""
+    budget_tokens: int = 0
+    """The most tokens (prompt + reply, as the endpoint's ``usage`` says, else characters / 4) in the whole run;
+    once spent, no further call is made. 0: no limit."""
+    concurrency: int = 4
+    """Judge calls in flight at once (the rollout goes on meanwhile)."""
+    api_key_env: str = ""
+    """The environment variable that holds the endpoint's API key, sent as ``Authorization: Bearer``; empty: none.
+    (The key itself never goes in a config: config.yaml is saved with the run.)"""
+
+    @property
+    def enabled(self) -> bool:
+        """True when an endpoint is set."""
+        return bool(self.endpoint)
+
+    def __post_init__(self) -> None:
+        if not self.endpoint:
+            _require(not (self.model or self.rubric or self.rubric_file), "reward.judge.endpoint", self.endpoint,
+                     "set (e.g. http://127.0.0.1:8000/v1) when reward.judge.model or a rubric is set")
+            return
+        _require(self.endpoint.startswith(("http://", "https://")), "reward.judge.endpoint", self.endpoint,
+                 "an http:// or https:// base URL, e.g. http://127.0.0.1:8000/v1")
+        _require(bool(self.model.strip()), "reward.judge.model", self.model,
+                 "the model name the endpoint serves (its /v1/models lists it)")
+        _require(not (self.rubric and self.rubric_file), "reward.judge.rubric_file", self.rubric_file,
+                 "empty when reward.judge.rubric is set (give the rubric inline or in a file, not both)")
+        if self.rubric:
+            check_rubric(self.rubric, "reward.judge.rubric")
+        _require(len(self.scale) == 2 and all(map(_finite, self.scale)) and self.scale[0] < self.scale[1],
+                 "reward.judge.scale", list(self.scale), "two finite numbers, lowest first, e.g. [0, 10]")
+        _require(_finite(self.temperature) and self.temperature >= 0, "reward.judge.temperature", self.temperature,
+                 ">= 0")
+        _require(self.max_reply_tokens >= 1, "reward.judge.max_reply_tokens", self.max_reply_tokens, ">= 1")
+        _require(_finite(self.timeout) and self.timeout > 0, "reward.judge.timeout", self.timeout, "> 0 seconds")
+        _require(self.retries >= 0, "reward.judge.retries", self.retries, ">= 0")
+        _require(_finite(self.backoff) and self.backoff >= 0, "reward.judge.backoff", self.backoff, ">= 0 seconds")
+        _require(self.budget_calls >= 0, "reward.judge.budget_calls", self.budget_calls, ">= 0 (0 = no limit)")
+        _require(self.budget_tokens >= 0, "reward.judge.budget_tokens", self.budget_tokens, ">= 0 (0 = no limit)")
+        _require(self.concurrency >= 1, "reward.judge.concurrency", self.concurrency, ">= 1")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Where each episode's reward comes from: the env's rules, and optionally a judge model combined with them.
+
+    With a judge (``reward.judge.endpoint``): reward = ``rule_weight`` x rule + ``judge_weight`` x judge, where rule is
+    the env's reward and judge the judge's score mapped to [0, 1] (`agentrl.rewards.combine`). With a `gate`, only
+    episodes whose rule reward is at least the gate go to the judge; the others get ``below_gate`` as their judge term
+    (a declared value, never a failed call scored 0). Without a judge the rule reward is the reward.
+    """
+
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    rule_weight: float = 1.0
+    """With a judge: the weight of the env's rule reward (the sum of its turns' rewards)."""
+    judge_weight: float = 1.0
+    """With a judge: the weight of its score on [0, 1]."""
+    gate: float | None = None
+    """With a judge: send only episodes whose rule reward is >= this to it (e.g. 1: judge only the solved ones);
+    None: every episode."""
+    below_gate: float = 0.0
+    """With a gate: the judge term (on [0, 1]) of an episode below it, which is never sent to the judge."""
+
+    def __post_init__(self) -> None:
+        for name in ("rule_weight", "judge_weight"):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0, f"reward.{name}", value, "a finite number >= 0")
+        _require(self.rule_weight + self.judge_weight > 0, "reward.judge_weight", self.judge_weight,
+                 "> 0 when reward.rule_weight is 0 (some reward must count)")
+        _require(self.gate is None or _finite(self.gate), "reward.gate", self.gate,
+                 "a finite number (the least rule reward the judge sees), or empty for no gate")
+        _require(_finite(self.below_gate) and 0 <= self.below_gate <= 1, "reward.below_gate", self.below_gate,
+                 "in [0, 1] (a judge term, as the judge's mapped score is)")
+        combined = (self.rule_weight, self.judge_weight, self.gate, self.below_gate) != (1.0, 1.0, None, 0.0)
+        _require(self.judge.enabled or not combined, "reward.judge.endpoint", self.judge.endpoint,
+                 "set when reward.rule_weight, judge_weight, gate or below_gate is (they combine a judge's score "
+                 "with the rule reward; without a judge the rule reward is the reward)")
+
+
+def _finite(value: Any) -> bool:
+    """True for an int or float (not a bool) that is neither infinite nor NaN."""
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclass
 class RunConfig:
     """Everything `agentrl run` needs, one section per owner; `agentrl run --help` lists every field."""
@@ -652,6 +881,7 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     runners: RunnersConfig = field(default_factory=RunnersConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -660,6 +890,7 @@ class RunConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     log: LogConfig = field(default_factory=LogConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     steps: int = 20
     """Training steps (one rollout batch each)."""
     seed: int = 0
@@ -699,6 +930,10 @@ class RunConfig:
                  "trainers train, so it cannot roll out meanwhile): drop --async, or use the split layout")
         _require(not (self.agent.function and self.scheduler.async_rollout), "scheduler.async_rollout",
                  self.scheduler.async_rollout, "false with --agent (agent rollouts are lockstep): drop --async")
+        _require(not (self.agent.function and self.reward.judge.enabled), "reward.judge.endpoint",
+                 self.reward.judge.endpoint, "empty with --agent (an agent function returns its own reward)")
+        self._check_refill()
+        self._check_curriculum()
         from agentrl.objective import ADVANTAGES
 
         # An estimator that compares k episodes of a group (passk) needs at least k of them
@@ -706,6 +941,52 @@ class RunConfig:
         _require(self.scheduler.group_size >= needed, "scheduler.group_size", self.scheduler.group_size,
                  f">= {needed} with advantage.estimator {self.advantage.estimator} (it needs {needed} episodes per "
                  f"group)")
+        # A step-level estimator (gigpo) reads each turn's own env reward: a judged episode reward would be ignored.
+        _require(not (self.reward.judge.enabled and ADVANTAGES[self.advantage.estimator].level == "step"),
+                 "reward.judge.endpoint", self.reward.judge.endpoint,
+                 f"empty with advantage.estimator {self.advantage.estimator} (it reads each turn's own env reward, "
+                 f"so the judged episode reward would not count): use an episode-level estimator such as grpo")
+
+    def _check_curriculum(self) -> None:
+        """The curriculum against the rest of the run (its env's levels are checked at set-up, where the env loads)."""
+        from agentrl.rollout.curriculum import CurriculumError, check_run
+
+        C = self.curriculum
+        _require(not (self.agent.function and C.policy != "uniform"), "curriculum.policy", C.policy,
+                 "uniform with --agent (agent rollouts play the step's tasks in seed order)")
+        # A partial-rollout stream draws a step's tasks before the steps ahead of it are observed, so a policy with
+        # state would draw by timing, and a resume could not replay it.
+        _require(not (self.scheduler.partial_rollouts and C.policy in ("success", "difficulty")), "curriculum.policy",
+                 C.policy, "uniform or horizon with scheduler.partial_rollouts (success and difficulty draw from "
+                 "outcomes that a partial-rollout stream has not observed yet when it draws)")
+        opts = C.typed_options()
+        try:
+            check_run(C.policy, opts, prompts_per_step=self.scheduler.prompts_per_step, max_turns=self.env.max_turns)
+        except CurriculumError as e:
+            raise ConfigError(f"curriculum: {e}") from None
+        if C.policy == "success" and opts.over == "task":
+            _require(self.env.seed_offset + opts.tasks <= HELD_OUT_SEED_START, "curriculum.options.tasks", opts.tasks,
+                     f"small enough that the pool (from env.seed_offset {self.env.seed_offset}) stays below the "
+                     f"held-out seeds from {HELD_OUT_SEED_START:,}")
+
+    def _check_refill(self) -> None:
+        """Dynamic sampling's refill: it needs the filter, the built-in agent loop, and seeds short of the held-out."""
+        S = self.scheduler
+        if not S.refills:
+            return
+        _require(self.loss.dynamic_sampling, "scheduler.max_oversample", S.max_oversample,
+                 "1 without loss.dynamic_sampling (the refill looks for groups with mixed rewards, which only dynamic "
+                 "sampling trains apart): add --loss.dynamic-sampling, or drop --scheduler.max-oversample")
+        _require(not self.agent.function, "scheduler.max_oversample", S.max_oversample,
+                 "1 with --agent (agent rollouts do not refill)")
+        first_end = self.env.seed_offset + self.steps * S.prompts_per_step
+        extra_end = self.env.seed_offset + S.refill_seed(self.steps - 1, S.max_tasks - S.prompts_per_step - 1) + 1
+        _require(first_end <= self.env.seed_offset + REFILL_SEED_BASE and extra_end <= HELD_OUT_SEED_START,
+                 "scheduler.max_oversample", S.max_oversample,
+                 f"small enough that {self.steps} steps' extra task seeds (from env.seed_offset + {REFILL_SEED_BASE:,}"
+                 f", up to {extra_end - 1:,}) stay apart from the first draws (up to {first_end - 1:,}) and below the "
+                 f"held-out seeds from {HELD_OUT_SEED_START:,}: fewer steps, a smaller max_oversample or "
+                 f"prompts_per_step, or a smaller env.seed_offset")
 
 
 MOVED_KEYS: dict[str, str] = {

@@ -39,6 +39,11 @@ class Turn:
             the kind of drift (``merge``, ``end_whitespace``, ``split_utf8``; see `agentrl.chat.roundtrip`).
         screenshot: the screen after this turn's action as PNG bytes, for the few episodes a run saves screenshots of
             (``RunConfig.screenshots_per_step``); never written to JSONL (the run writes it as a PNG file).
+        policy_version: the version of the weights that sampled this turn (the engine's `EngineResult.policy_version`:
+            an async run's weights may change between two turns of an episode, never inside one); None where it was
+            not recorded (trajectories saved before turns carried it, agent rollouts).
+        stale: left out of the loss: with partial rollouts (``scheduler.partial_rollouts``), the turn was sampled more
+            than ``scheduler.max_staleness`` versions before the step that trained it (`agentrl.rollout.partial`).
     """
 
     prompt_ids: tuple[int, ...]
@@ -54,6 +59,8 @@ class Turn:
     routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
     roundtrip_drift: str = ""
     screenshot: bytes | None = field(default=None, compare=False, repr=False)
+    policy_version: int | None = None
+    stale: bool = False
 
     def __post_init__(self):
         if len(self.generated_ids) != len(self.rollout_logprobs):
@@ -73,14 +80,21 @@ class Trajectory:
         group_id: episodes sharing a task (same env and seed) share a group; advantages are computed within it.
         turns: the model calls, in order.
         first_observation: the observation `reset` returned.
-        total_return: sum of the turns' rewards.
+        total_return: the episode's reward: the sum of the turns' rewards (with a judge, combined with its score).
         success: `info["success"]` at the end (False when the episode never ended).
         terminated: the task ended (solved or failed for good).
         truncated: a budget ran out (the env's, or the rollout's `max_turns`).
-        policy_version: the trainer step whose weights sampled this episode.
+        policy_version: the trainer step whose weights sampled this episode: the oldest, if the weights changed
+            between its turns (each turn's own is `Turn.policy_version`); with partial rollouts, the oldest among its
+            group's turns, so that a group keeps one version (`agentrl.rollout.partial`).
         train_step: the trainer step whose update used this episode (None until it is trained on, and in evals);
             with `sync_every > 1` or async rollouts it is later than `policy_version`. Metrics join on it.
         task_type: the env's `info["task_type"]`, for evaluation breakdowns ("" when absent).
+        rule_reward: with a judge (``reward.judge``), the env's own reward (the sum of the turns' rewards) before
+            `total_return` combined it with the judge's score (`agentrl.rewards.combine`); None without a judge.
+        judge_reward: the judge's score on [0, 1] that went into `total_return`; None without a judge, or when the
+            episode was below the gate and never judged. An episode whose score could not be obtained is never
+            recorded (its group is dropped), so a number here is always one the judge gave.
     """
 
     env_id: str
@@ -95,6 +109,8 @@ class Trajectory:
     policy_version: int = 0
     task_type: str = ""
     train_step: int | None = None
+    rule_reward: float | None = None
+    judge_reward: float | None = None
 
     @property
     def num_generated_tokens(self) -> int:
@@ -112,7 +128,7 @@ class Sample:
 
     Attributes:
         input_ids: the whole sequence.
-        loss_mask: 1 exactly on model-generated tokens.
+        loss_mask: 1 exactly on model-generated tokens (those of a stale turn excepted, `Turn.stale`).
         rollout_logprobs: log mu of each generated token (0 elsewhere).
         advantage: the trajectory's advantage (shared by all samples split from it); with per-turn advantages, the
             advantage of the sample's first turn.

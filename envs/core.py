@@ -24,9 +24,10 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from agentrl.envs.client_settings import ClientSetting, ClientSettingError, check_client_settings, check_reset_options
+from agentrl.envs.difficulty import Difficulty
 
 __all__ = ["TextEnv", "TextSpace", "SharedResource", "ClientSetting", "ClientSettingError", "check_client_settings",
-           "check_reset_options"]
+           "check_reset_options", "Difficulty"]
 
 
 class TextSpace(spaces.Text):
@@ -86,6 +87,9 @@ class TextEnv(gym.Env[str, str]):
         * `max_episode_steps` (optional): the most steps an episode can take when the env fixes it (1 for a
           single-turn env). Runs size the engines' KV memory by it: a single-turn episode never grows past its first
           prompt and one reply.
+        * `difficulty_levels` (optional): a `Difficulty` naming the env's levels, easiest first, for curricula
+          (`agentrl.rollout.curriculum`). Its `Difficulty.split` reads the level a reset seed asks for (None for
+          the plain seeds every run without a curriculum uses); `reset` then draws the task at that level.
 
     Rewards: a reward that a reply's text can make slow (symbolic math, big numbers, regexes) should run under a hard
     budget so a hostile reply cannot freeze the runner or a served env: ``reward = run_with_budget(my_reward, action,
@@ -116,6 +120,7 @@ class TextEnv(gym.Env[str, str]):
     client_settings: ClassVar[Mapping[str, ClientSetting]] = MappingProxyType({})
     client_reset_options: ClassVar[Mapping[str, ClientSetting]] = MappingProxyType({})
     max_episode_steps: int | None = None
+    difficulty_levels: ClassVar[Difficulty | None] = None
 
     # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call
     # `super().reset(seed=seed)` first (it seeds `self.np_random`), then build the episode from `self.np_random`.

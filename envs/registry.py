@@ -44,12 +44,13 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 from agentrl.envs.core import TextEnv
+from agentrl.envs.difficulty import Difficulty
 from agentrl.extras import MissingExtraError, missing_extra_message
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
 __all__ = ["EnvSpec", "UnknownEnvError", "EnvLoadError", "EnvExtraError", "register", "make", "registered", "spec",
-           "short_name", "loaded_env_code", "use_app_dir", "loading"]
+           "short_name", "loaded_env_code", "use_app_dir", "loading", "difficulty_of"]
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,22 @@ def make(id: str, **kwargs: Any) -> TextEnv:
     with loading(id):
         factory = s.load()
         return factory(**{**s.defaults, **kwargs})
+
+
+def difficulty_of(id: str) -> Difficulty | None:
+    """The difficulty levels env `id` declares (`TextEnv.difficulty_levels`), or None when it declares none.
+
+    Imports the env's class (as `make` does) but builds no env. A factory that is not a class, and a served env's
+    stand-in class, declare none.
+
+    Raises:
+        UnknownEnvError, EnvLoadError, EnvExtraError: as `spec` and `make`.
+    """
+    s = spec(id)
+    with loading(id):
+        factory = s.load()
+    declared = getattr(factory, "difficulty_levels", None) if isinstance(factory, type) else None
+    return declared if isinstance(declared, Difficulty) else None
 
 
 @contextmanager

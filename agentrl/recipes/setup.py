@@ -23,6 +23,8 @@ from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard
 from agentrl.recipes.plan import ClusterPlan, RunPlan, plan_run
 from agentrl.recipes.stops import claim_sigterm
+from agentrl.rewards.judge import JUDGE_CACHE, JudgeReward, rubric_and_key
+from agentrl.rollout.curriculum import Curriculum, CurriculumError
 from agentrl.rollout.driver import RolloutDriver
 from agentrl.rollout.plan import is_single_turn
 from agentrl.rollout.scheduler import RolloutScheduler
@@ -43,7 +45,7 @@ from agentrl.training.routing_replay import routing_strategy
 from agentrl.training.step import MISMATCH_KL, TrainingError, TrainingStep
 from agentrl.training.token_values import TOKEN_VALUES
 
-__all__ = ["Run", "set_up", "restore_checkpoint", "prepare_output", "resume_state", "build_rollout"]
+__all__ = ["Run", "set_up", "restore_checkpoint", "prepare_output", "resume_state", "build_curriculum", "build_rollout"]
 
 
 @dataclass
@@ -73,10 +75,14 @@ class Run:
     """Times this run restarted its trainer workers after one died (``trainer.max_restarts`` bounds it)."""
     failed_steps: int = 0
     """Steps in a row whose every group was dropped (``runners.max_failed_steps`` bounds it)."""
+    curriculum: Curriculum | None = None
+    """The run's task-sampling policy, which the scheduler draws each step's tasks from (None with ``--agent``); its
+    state goes into every checkpoint."""
 
     def save(self, step: int) -> Path:
         """Checkpoint after `step` (see `agentrl.training.checkpoint`)."""
-        state = TrainerState.capture(step, self.backend.name, self.backend.world_size, self.step.shuffle)
+        curriculum = self.curriculum.state_dict(step) if self.curriculum is not None else None
+        state = TrainerState.capture(step, self.backend.name, self.backend.world_size, self.step.shuffle, curriculum)
         return save_checkpoint(self.out, self.backend, self.policy, state)
 
     def restore(self) -> int | None:
@@ -152,14 +158,38 @@ def resume_state(cfg: RunConfig, out: Path) -> TrainerState:
     return state
 
 
+def build_curriculum(cfg: RunConfig, state: TrainerState | None) -> Curriculum | None:
+    """The run's curriculum (None for agent rollouts), continuing the checkpoint's state when resuming.
+
+    Raises:
+        ConfigError: a policy the env cannot play (one that needs levels on an env that declares none).
+    """
+    if cfg.agent.function:  # agent rollouts play the step's tasks in seed order (the config refuses other policies)
+        return None
+    try:
+        curriculum = Curriculum.for_env(cfg.curriculum.policy, cfg.curriculum.options, env_id=cfg.env.id,
+                                        seed_offset=cfg.env.seed_offset,
+                                        prompts_per_step=cfg.scheduler.prompts_per_step, max_turns=cfg.env.max_turns,
+                                        run_seed=cfg.seed)
+    except CurriculumError as e:
+        raise ConfigError(f"curriculum: {e}") from None
+    if state is not None:
+        curriculum.load_state_dict(state.curriculum)
+    return curriculum
+
+
 def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: TrainingBackend, out: Path,
-                  start_step: int, placement: Placement | None, show) -> RolloutDriver:
+                  start_step: int, placement: Placement | None, show,
+                  curriculum: Curriculum | None = None) -> RolloutDriver:
     """The inference engines and the rollout scheduler around them (runner pool, sync interval or async producer)."""
     # The rollout engine(s) own their weights; the scheduler hands them the trained weights by version. Lockstep on
     # one process may share the training module instead (free sync). MoE rollouts carry the experts the engine
     # chose: R3 replays them, the other modes measure router agreement.
     spec = plan.engine.spec(cfg.engine, seed=cfg.seed, capture_routes=backend.is_moe, sleep_mode=cfg.engine.colocate,
                             lora=cfg.trainer.lora)
+    # Judged rewards (None without reward.judge): the cache and the spent budget live in the run folder, so a resume
+    # does not pay again. Read before the engines start, so that a cache it cannot read stops nothing half-built.
+    judge = JudgeReward.from_config(cfg.reward, out)
     share = backend.trains_in_place and cfg.scheduler.sync_every == 1 and not cfg.scheduler.async_rollout
     try:
         engine = build_engines(spec, policy, replicas=cfg.engine.replicas, ray_address=cfg.ray_address,
@@ -191,7 +221,7 @@ def build_rollout(cfg: RunConfig, plan: RunPlan, policy: LoadedModel, backend: T
         interrupted_path=out / "trajectories.jsonl" if cfg.save_trajectories else None, progress=show,
         sleep_between_rollouts=cfg.engine.colocate,
         # Screenshots are named by the episode's line in trajectories.jsonl: without that file, none are taken.
-        screenshots=cfg.screenshots_per_step if cfg.save_trajectories else 0)
+        screenshots=cfg.screenshots_per_step if cfg.save_trajectories else 0, judge=judge, curriculum=curriculum)
 
 
 def record_nodes(out: Path, backend: TrainingBackend, scheduler: RolloutDriver) -> dict[str, object]:
@@ -244,6 +274,8 @@ def check_before_loading(cfg: RunConfig, *, resume: bool, overwrite: bool) -> tu
         from agentrl.rollout.agent_loader import load_agent
 
         load_agent(cfg.agent.function)
+    if cfg.reward.judge.enabled:
+        rubric_and_key(cfg.reward.judge)  # a rubric file or an API key that is not there, before a model loads
     return out, single_turn, resume_state(cfg, out) if resume else None
 
 
@@ -254,7 +286,7 @@ def open_records(cfg: RunConfig, plan: RunPlan, out: Path, *, fresh: bool, asked
     config.yaml keeps the cluster address as asked (`asked_ray`), so a resume in another job joins that job's cluster.
     """
     if fresh:
-        for stale in ("metrics.jsonl", "trajectories.jsonl", TOKEN_VALUES):
+        for stale in ("metrics.jsonl", "trajectories.jsonl", TOKEN_VALUES, JUDGE_CACHE):
             (out / stale).unlink(missing_ok=True)
         clear_tracker_files(out)
     (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(replace(cfg, ray_address=asked_ray)),
@@ -293,6 +325,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
     """
     torch.manual_seed(cfg.seed)
     out, single_turn, state = check_before_loading(cfg, resume=resume, overwrite=overwrite)
+    curriculum = build_curriculum(cfg, state)  # before the scheduler: an async producer draws seeds at once
     # A `ray job submit` driver joins the job's cluster (RAY_ADDRESS) as --ray-address would: engines and trainers
     # become actors there.
     asked_ray, cluster = cfg.ray_address, choose_address(cfg.ray_address)
@@ -332,7 +365,7 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
             add_lora(policy.model, cfg.trainer.lora)
             if state is not None:
                 load_adapter_into(policy.model, checkpoint_folder(out))
-        scheduler = build_rollout(cfg, plan, policy, backend, out, start_step, placement, show)
+        scheduler = build_rollout(cfg, plan, policy, backend, out, start_step, placement, show, curriculum)
         if cfg.ray_address:
             record_nodes(out, backend, scheduler)
         if not backend.trains_in_place:
@@ -341,4 +374,5 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
     step = training_step(cfg, policy, backend, routing, shuffle, out)
     G = cfg.guard
     guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action, kl_key=MISMATCH_KL)
-    return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray)
+    return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray,
+               curriculum=curriculum)

@@ -18,7 +18,17 @@ Modes:
     * ``async_rollout=True``: a producer thread collects the rollout of step s+1 (and up to `max_staleness` steps
       ahead) while step s trains; complete groups wait in a `FreshnessBuffer`, which serves the freshest first and
       evicts any group more than `max_staleness` versions behind. The engine's weights are refreshed after every
-      update; engines finish the requests already running first, so every sample's version is exact.
+      update; engines finish the requests already running first, so every sample's version is exact. An episode
+      running then plays on with the new weights from its next turn: each turn records its own version
+      (`Turn.policy_version`), the episode its oldest.
+    * ``async_rollout=True, partial_rollouts=True`` (`agentrl.rollout.partial`): one stream of episodes outlives the
+      steps; a step's tasks join it as soon as the same gate allows, its rollout is the first groups to complete
+      whichever step drew them, the others play on into later steps, and the bound holds per turn (stale turns are
+      masked out of the loss).
+
+Dynamic sampling's refill (``scheduler.max_oversample > 1``, `agentrl.rollout.refill`): each step's rollout, in
+either mode, rolls out more tasks until it has its number of groups with mixed rewards or hits the bound; the async
+producer puts only the groups it kept into the buffer.
 
 Departure from large-scale systems: on one CPU machine, training and generation share the cores, so async mode
 shows the semantics (versions, bound, buffer) more than a speed-up; `bench/micro/pool_pipeline.py` measures the pipeline
@@ -38,9 +48,13 @@ from typing import Any
 from agentrl.config import ContextConfig, EnvConfig, RunnersConfig, SchedulerConfig
 from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.records import Trajectory, save_trajectories
+from agentrl.rewards.judge import JudgeReward
 from agentrl.rollout.buffer import FreshnessBuffer
-from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats, run_rollout
+from agentrl.rollout.curriculum import Curriculum
+from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats, RolloutStream, run_rollout
+from agentrl.rollout.partial import mask_stale_turns, turn_staleness_metrics
 from agentrl.rollout.pool import EnvMaker, make_pool
+from agentrl.rollout.refill import Refill, fill_step
 
 __all__ = ["RolloutScheduler", "staleness_metrics"]
 
@@ -103,6 +117,19 @@ class RolloutScheduler:
         maker: builds the envs instead of the registry entry for `env_id` (custom or test envs).
         sleep_between_rollouts: colocated layout (sync mode): the engine sleeps after each rollout, giving the GPU to
             the trainers, and wakes before the next weight sync or rollout.
+        refill: dynamic sampling's refill (`agentrl.rollout.refill`): each step rolls out extra tasks until
+            ``len(seeds_for_step(step))`` groups have mixed rewards, within ``refill.max_tasks``; None: the step's
+            tasks alone. Screenshots come from the first draw only.
+        judge: scores each finished episode with a judge model (`agentrl.rewards.judge`, `run_rollout`'s argument);
+            the step's judge counters go to ``stats.judge``; `close` closes it. None: the env's rule reward alone.
+        curriculum: the run's task-sampling policy (`agentrl.rollout.curriculum`); when given, `seeds_for_step` is
+            its `Curriculum.seeds`, it caps each step's turns (`Curriculum.max_turns`), and it observes every group
+            each step drew (refill rounds included) before the next step's seeds are drawn; its metrics go to
+            ``stats.engine``. With partial rollouts it observes each step's groups when they are harvested, which
+            may be after later steps' seeds were drawn.
+        partial_rollouts: async mode: partial rollouts (`agentrl.rollout.partial`): episodes play on across steps
+            and updates, and the staleness bound holds per turn. Not with `refill` (its rounds need each step's own
+            groups).
     """
 
     @classmethod
@@ -111,17 +138,28 @@ class RolloutScheduler:
                     weights: Callable[[], Iterable[tuple[str, Any]]], tokenizer, family: str | None,
                     ray_address: str | None, start_step: int, stop_step: int, interrupted_path: Any = None,
                     progress: Callable[[dict[str, str]], None] | None = None,
-                    sleep_between_rollouts: bool = False, screenshots: int = 0) -> RolloutScheduler:
+                    sleep_between_rollouts: bool = False, screenshots: int = 0,
+                    judge: JudgeReward | None = None, curriculum: Curriculum | None = None) -> RolloutScheduler:
         """The scheduler a run's config asks for: its env, scheduler, runners and (resolved) context sections.
 
         Step s plays the tasks ``env.seed_offset + s * prompts_per_step + i`` and samples with seed
-        ``sampling.seed + s`` (when seeded), so a resumed run replays exactly the steps it would have played.
-        `screenshots` episodes of each rollout bring their env images back (`run_rollout`'s argument).
+        ``sampling.seed + s`` (when seeded), so a resumed run replays exactly the steps it would have played; with
+        ``scheduler.max_oversample > 1`` its extra tasks are ``env.seed_offset + scheduler.refill_seed(s, j)``.
+        `screenshots` episodes of each rollout bring their env images back (`run_rollout`'s argument); `judge`
+        (`agentrl.rewards.judge.JudgeReward.from_config`) scores the episodes. A `curriculum`
+        (`agentrl.rollout.curriculum.Curriculum`) draws the tasks instead: its "uniform" policy is the rule above, seed
+        for seed; a level policy plays the refill's extra tasks at levels too.
         """
         per_step = scheduler.prompts_per_step
+        refill = (Refill(scheduler.max_tasks, lambda s, j: env.seed_offset + scheduler.refill_seed(s, j))
+                  if scheduler.refills else None)
+        if refill is not None and curriculum is not None:
+            plain = refill.extra_seed
+            refill = Refill(refill.max_tasks, lambda s, j: curriculum.refill_seed(s, j, plain(s, j)))
         return cls(
             env.id, env.kwargs, engine, weights, tokenizer,
-            seeds_for_step=lambda s: [env.seed_offset + s * per_step + i for i in range(per_step)],
+            seeds_for_step=(curriculum.seeds if curriculum is not None
+                            else lambda s: [env.seed_offset + s * per_step + i for i in range(per_step)]),
             sampling_for_step=lambda s: (sampling if sampling.seed is None
                                          else replace(sampling, seed=sampling.seed + s)),
             group_size=scheduler.group_size, runners=runners.count, runner_actors=runners.actors,
@@ -131,7 +169,8 @@ class RolloutScheduler:
             stop_step=stop_step,
             rollout_kwargs=dict(max_turns=env.max_turns, max_context_tokens=context.max_context_tokens,
                                 screenshots=screenshots, **context.rollout_kwargs(family)),
-            interrupted_path=interrupted_path, progress=progress, sleep_between_rollouts=sleep_between_rollouts)
+            interrupted_path=interrupted_path, progress=progress, sleep_between_rollouts=sleep_between_rollouts,
+            refill=refill, judge=judge, curriculum=curriculum, partial_rollouts=scheduler.partial_rollouts)
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], engine: RequestEngine,
                  weights: Callable[[], Iterable[tuple[str, Any]]], tokenizer,
@@ -142,7 +181,9 @@ class RolloutScheduler:
                  stop_step: int | None = None,
                  rollout_kwargs: dict[str, Any] | None = None, interrupted_path: Any = None,
                  progress: Callable[[dict[str, str]], None] | None = None, maker: EnvMaker | None = None,
-                 sleep_between_rollouts: bool = False):
+                 sleep_between_rollouts: bool = False, refill: Refill | None = None,
+                 judge: JudgeReward | None = None, curriculum: Curriculum | None = None,
+                 partial_rollouts: bool = False):
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1 (1 = lockstep on-policy), got {sync_every}")
         if max_staleness < 0:
@@ -150,13 +191,19 @@ class RolloutScheduler:
         if sleep_between_rollouts and async_rollout:
             raise ValueError("an engine that sleeps while the trainers train cannot roll out meanwhile: colocated "
                              "engines need sync mode (drop --async, or use the split layout)")
+        if partial_rollouts and (not async_rollout or refill is not None):
+            raise ValueError("partial rollouts need async mode (--async) and no refill (scheduler.max_oversample 1)")
+        self.partial_rollouts = partial_rollouts
+        self._wanted: dict[int, int] = {}  # partial rollouts: groups each step's rollout is to have
         self.sleep_between_rollouts = sleep_between_rollouts
+        self.refill, self.curriculum = refill, curriculum
         self.weights, self.tokenizer = weights, tokenizer
         self.seeds_for_step, self.sampling_for_step = seeds_for_step, sampling_for_step
         self.group_size, self.env_id = group_size, env_id
         self.sync_every, self.async_rollout, self.max_staleness = sync_every, async_rollout, max_staleness
         self.start_step, self.stop_step = start_step, stop_step
-        self.rollout_kwargs = dict(rollout_kwargs or {}, max_episode_retries=max_episode_retries)
+        self.rollout_kwargs = dict(rollout_kwargs or {}, max_episode_retries=max_episode_retries, judge=judge)
+        self.judge = judge
         self.interrupted_path = interrupted_path
         self._progress = _Progress(progress)
         self.engine = engine
@@ -167,7 +214,7 @@ class RolloutScheduler:
         self._closed = False
         if self.engine.policy_version != start_step:
             self._sync(start_step)
-        self.buffer = FreshnessBuffer(max_staleness)
+        self.buffer = FreshnessBuffer(max_staleness, per_turn=partial_rollouts)
         self._cond = threading.Condition()
         self._trainer_version = start_step
         self._produced: dict[int, RolloutStats] = {}
@@ -175,7 +222,8 @@ class RolloutScheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if async_rollout:
-            self._thread = threading.Thread(target=self._produce, name="rollout-producer", daemon=True)
+            self._thread = threading.Thread(target=self._produce_partial if partial_rollouts else self._produce,
+                                            name="rollout-producer", daemon=True)
             self._thread.start()
 
     # -- sync mode ---------------------------------------------------------------------------------------------
@@ -187,12 +235,30 @@ class RolloutScheduler:
         self._sync_seconds += time.perf_counter() - t0
 
     def _collect(self, step: int) -> RolloutResult:
-        result = run_rollout(self.pool, self.env_id, self.seeds_for_step(step), self.group_size, self.engine,
-                             self.tokenizer, self.sampling_for_step(step), policy_version=None,
-                             on_progress=self._progress, **self.rollout_kwargs)
+        judged_before = self.judge.counts() if self.judge is not None else None
+        sampling = self.sampling_for_step(step)
+        base = self.rollout_kwargs
+        if self.curriculum is not None:  # the horizon in use at this step
+            base = {**base, "max_turns": self.curriculum.max_turns(step)}
+        drawn: list[Trajectory] = []  # every group of every round, kept or not: what the curriculum observes
+
+        def draw(seeds: list[int], first_group: int) -> RolloutResult:
+            kwargs = base if first_group == 0 else {**base, "screenshots": 0}
+            result = run_rollout(self.pool, self.env_id, seeds, self.group_size, self.engine, self.tokenizer,
+                                 sampling, policy_version=None, on_progress=self._progress, first_group=first_group,
+                                 **kwargs)
+            drawn.extend(result.trajectories)
+            return result
+
+        seeds = self.seeds_for_step(step)
+        result = draw(seeds, 0) if self.refill is None else fill_step(step, seeds, draw, self.refill)
         # Sync seconds since the previous rollout (async mode: the syncs that landed while this one ran).
         seconds, self._sync_seconds = self._sync_seconds, 0.0
-        result.stats.engine = {"weight_sync_seconds": seconds, **self.engine.metrics()}
+        result.stats.engine = {"weight_sync_seconds": seconds, **self.engine.metrics(), **result.stats.engine}
+        if self.curriculum is not None:  # before the next step's seeds are drawn (async: the producer's next step)
+            result.stats.engine.update(self.curriculum.observe(step, drawn))
+        if self.judge is not None:  # the whole step's, over every round of a refill
+            result.stats.judge = (self.judge.counts() - judged_before).metrics()
         return result
 
     def rollout(self, step: int) -> RolloutResult:
@@ -257,6 +323,64 @@ class RolloutScheduler:
                 self._error = e
                 self._cond.notify_all()
 
+    def _produce_partial(self) -> None:
+        """Partial rollouts (`agentrl.rollout.partial`): one stream of episodes, a step's rollout its first groups."""
+        kwargs = dict(self.rollout_kwargs)
+        screenshots = kwargs.pop("screenshots", 0)
+        stream = RolloutStream(self.pool, self.env_id, self.group_size, self.engine, self.tokenizer,
+                               self.sampling_for_step(self.start_step), on_progress=self._progress, **kwargs)
+        step = added = self.start_step  # the next step to harvest; the next step whose tasks join the stream
+        next_group = 0  # group ids are unique for the run: groups of several steps meet in the stream and the buffer
+        judged = self.judge.counts() if self.judge is not None else None
+
+        def may_add() -> bool:  # `_produce`'s gate: a step's tasks start no earlier than its samples could train
+            return ((self.stop_step is None or added < self.stop_step)
+                    and self._trainer_version >= added - self.max_staleness)
+
+        def harvestable() -> bool:
+            return added > step and stream.complete >= self._wanted[step]
+
+        try:
+            while not self._stop.is_set() and (self.stop_step is None or step < self.stop_step):
+                while not self._stop.is_set():
+                    while may_add():
+                        seeds = self.seeds_for_step(added)
+                        self._wanted[added] = len(seeds)
+                        stream.add(seeds, next_group, sampling=self.sampling_for_step(added), screenshots=screenshots,
+                                   max_turns=self.curriculum.max_turns(added) if self.curriculum is not None else None)
+                        next_group, added = next_group + len(seeds), added + 1
+                    if added > step and (harvestable() or stream.idle):
+                        break
+                    if stream.idle:  # nothing to play until the trainer catches up with the gate
+                        with self._cond:
+                            self._cond.wait(0.5)
+                        continue
+                    stream.run(until=lambda: self._stop.is_set() or may_add() or harvestable())
+                if self._stop.is_set():
+                    return
+                result = stream.harvest(self._wanted[step])
+                seconds, self._sync_seconds = self._sync_seconds, 0.0
+                result.stats.engine = {"weight_sync_seconds": seconds, **self.engine.metrics(),
+                                       "partial_groups_carried": float(stream.groups)}
+                if self.curriculum is not None:
+                    result.stats.engine.update(self.curriculum.observe(step, result.trajectories))
+                if self.judge is not None:
+                    now = self.judge.counts()
+                    result.stats.judge, judged = (now - judged).metrics(), now
+                groups: dict[int, list[Trajectory]] = {}
+                for traj in result.trajectories:
+                    groups.setdefault(traj.group_id, []).append(traj)
+                for members in groups.values():
+                    self.buffer.put(members)
+                with self._cond:
+                    self._produced[step] = result.stats
+                    self._cond.notify_all()
+                step += 1
+        except BaseException as e:  # surfaces in the trainer thread at its next `rollout`
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
     def _take(self, step: int) -> RolloutResult:
         if self.stop_step is not None and step >= self.stop_step:
             raise ValueError(f"step {step} is past stop_step={self.stop_step}: the producer made no rollout for it")
@@ -266,8 +390,12 @@ class RolloutScheduler:
             if self._error is not None:
                 raise RuntimeError(f"the rollout producer failed: {self._error}") from self._error
             stats = self._produced.pop(step)
-        groups = self.buffer.take(len(self.seeds_for_step(step)), trainer_version=step)
+        wanted = self._wanted.pop(step) if self.partial_rollouts else len(self.seeds_for_step(step))
+        groups = self.buffer.take(wanted, trainer_version=step)
         trajectories = [t for g in groups for t in g.trajectories]
+        if self.partial_rollouts:  # the bound per turn: what is older than it leaves the loss
+            trajectories = mask_stale_turns(trajectories, step, self.max_staleness)
+            stats.engine.update(turn_staleness_metrics(step, trajectories))
         return RolloutResult(trajectories, stats)
 
     # -- end ---------------------------------------------------------------------------------------------------
@@ -287,3 +415,5 @@ class RolloutScheduler:
             self._thread.join(timeout=5)
         self.pool.close()
         self.engine.close()
+        if self.judge is not None:
+            self.judge.close()

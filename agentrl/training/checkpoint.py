@@ -5,22 +5,25 @@ Layout (one folder, replaced atomically: written as ``checkpoint.tmp`` then rena
     checkpoint/
       model.safetensors, config.json        the full weights in Hugging Face format: `from_pretrained` loads them
       tokenizer files, generation_config.json, agentrl_model.json (chat family, base model)
-      trainer_state.json                    step, backend, world size, data-order and torch RNG states
+      trainer_state.json                    step, backend, world size, data-order and torch RNG states, curriculum
       optimizer.pt                          single-process backend: the AdamW state
       shards/                               FSDP backend: model + AdamW state, one file per rank
                                             (torch.distributed.checkpoint; loads at any worker count)
 
-Exact resume: the weights, the optimizer state, the step, the mini-batch shuffle generator and the torch RNG all come
-back, and every rollout seed is a function of the step, so step s+1 after a resume is the step s+1 the run would have
-taken. On a cluster the run folder must be on storage every trainer node sees (each rank writes its own shard).
+Exact resume: the weights, the optimizer state, the step, the mini-batch shuffle generator, the torch RNG and the
+curriculum's state all come back, and every rollout seed is a function of the step and that state, so step s+1 after a
+resume is the step s+1 the run would have taken. On a cluster the run folder must be on storage every trainer node
+sees (each rank writes its own shard).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +45,9 @@ class TrainerState:
         world_size: trainer workers that wrote it.
         shuffle_rng: the mini-batch shuffle generator's state (`torch.Generator.get_state`) as a list of bytes.
         torch_rng: the driver's global torch RNG state, likewise.
+        curriculum: the task-sampling curriculum's state that step ``step + 1`` starts from
+            (`agentrl.rollout.curriculum.Curriculum.state_dict`, JSON values); None without one (agent rollouts, and
+            checkpoints from before curricula).
     """
 
     step: int
@@ -49,12 +55,14 @@ class TrainerState:
     world_size: int = 1
     shuffle_rng: tuple[int, ...] = ()
     torch_rng: tuple[int, ...] = ()
+    curriculum: Mapping[str, Any] | None = None
 
     @staticmethod
-    def capture(step: int, backend: str, world_size: int, shuffle: torch.Generator) -> TrainerState:
-        """The state after `step`, with the current RNG states."""
+    def capture(step: int, backend: str, world_size: int, shuffle: torch.Generator,
+                curriculum: Mapping[str, Any] | None = None) -> TrainerState:
+        """The state after `step`, with the current RNG states (and the curriculum's, when the run has one)."""
         return TrainerState(step, backend, world_size, tuple(shuffle.get_state().tolist()),
-                            tuple(torch.get_rng_state().tolist()))
+                            tuple(torch.get_rng_state().tolist()), curriculum)
 
     def restore_rng(self, shuffle: torch.Generator) -> None:
         """Put the saved RNG states back (checkpoints from before they were saved keep the current ones)."""

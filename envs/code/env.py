@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.envs.core import ClientSetting, SharedResource, TextEnv
+from agentrl.envs.core import ClientSetting, Difficulty, SharedResource, TextEnv
 
 from .grading import TestOutcome, TestReport, grade
 from .sandbox import Sandbox, SandboxError, SandboxLimits, SandboxPool, WorkspaceTooLarge, make_backend
@@ -130,7 +130,9 @@ class CodeEnv(TextEnv):
     Tasks: ``source="procedural"`` draws from the generator's families (`envs.code.tasks.FAMILIES`) at
     ``difficulty`` 1-5 (None: a level drawn per task) with disjoint ``train`` / ``test`` splits; a ``.jsonl`` path
     loads HumanEval- or MBPP-style rows; a folder loads Harbor or terminal-bench task folders. With a file or folder,
-    ``reset(seed=s)`` plays task ``s % len(tasks)`` (seed None: a uniform draw).
+    ``reset(seed=s)`` plays task ``s % len(tasks)`` (seed None: a uniform draw). A seed that asks for a level
+    (`difficulty_levels`, from a curriculum) draws a procedural task of that level, whatever ``difficulty`` says;
+    files and folders state no levels, so such a seed is refused there.
 
     ``info`` on reset: ``tools`` (the declarations), ``task_type`` (the family), ``task_id``, ``difficulty``,
     ``n_tests``. On each step: ``tool`` (the call made, "" for an unparseable reply), ``exit_code``, ``timed_out``.
@@ -164,6 +166,8 @@ class CodeEnv(TextEnv):
     )
     shared: ClassVar[type[SharedResource] | None] = CodeTaskSet
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
+    difficulty_levels: ClassVar[Difficulty | None] = Difficulty(
+        tuple(str(n) for n in LEVELS), "the procedural generator's level, 1 to 5 (files and folders have none)")
     # Data only: the back-end, its options, the limits and the task source (a path the server would read) stay
     # with the operator; a client cannot loosen the sandbox or point it at files.
     client_settings: ClassVar[Mapping[str, ClientSetting]] = {
@@ -235,8 +239,13 @@ class CodeEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Pick a task (deterministically from `seed`), give the episode an empty sandbox with the task's files."""
         gym.Env.reset(self, seed=seed, options=options)
+        level, _ = self.difficulty_levels.split(seed)
         if self._task_set is None:
-            task = generate_task(self.np_random, split=self.split, difficulty=self.difficulty, family=self.family)
+            difficulty = self.difficulty if level is None else int(level)
+            task = generate_task(self.np_random, split=self.split, difficulty=difficulty, family=self.family)
+        elif level is not None:
+            raise ValueError(f"seed {seed} asks for difficulty level {level}, but the tasks of {self.source} state no "
+                             f"levels: a difficulty curriculum needs source='procedural'")
         else:
             tasks = self._task_set.tasks
             task = tasks[seed % len(tasks) if seed is not None else int(self.np_random.integers(len(tasks)))]

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentrl import budget
-from agentrl.envs.core import ClientSetting, TextEnv
+from agentrl.envs.core import ClientSetting, Difficulty, TextEnv
 
 from .actions import Action, ActionError, format_call, parse_action
 from .phone import Phone
@@ -101,9 +101,16 @@ class GuiEnv(TextEnv):
             (`agentrl.budget`); such an episode fails and the step's ``info`` has ``grade_budget_exceeded`` True.
             None checks in this process, without the budget (trusted use only). The operator's setting: a client of
             a served env cannot set it.
+
+    Difficulty (`difficulty_levels`, for curricula): the eight task types, ordered by the mean length of the expert's
+    solution over 30 generated phones each (3 steps for disable_alarm up to 6 for add_contact and set_alarm): a seed
+    that asks for a level draws a task of that type, whatever ``task_types`` says.
     """
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    difficulty_levels: ClassVar[Difficulty | None] = Difficulty(
+        ("disable_alarm", "contact_phone", "toggle_setting", "delete_contact", "send_message", "buy_cheapest",
+         "add_contact", "set_alarm"), "the task type, ordered by the length of the expert's solution")
     # Screens answer the agent's taps: as tool results they keep Qwen3's token prefix, so an episode trains as one
     # sample, not one per step (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
@@ -173,8 +180,9 @@ class GuiEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Draw a new phone and task from `self.np_random`; the phone starts on the home screen."""
         super(TextEnv, self).reset(seed=seed)
+        level, _ = self.difficulty_levels.split(seed)
         state = generate_world(self.np_random)
-        self.task = sample_task(self.np_random, state, self.task_types)
+        self.task = sample_task(self.np_random, state, self.task_types if level is None else (level,))
         if self.phone is None:
             self.phone = Phone(state)
         else:

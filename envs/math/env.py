@@ -27,13 +27,14 @@ equivalence check by name, import path or callable. A problem may have several a
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl.envs.core import ClientSetting, SharedResource, TextEnv
+from agentrl.envs.core import ClientSetting, Difficulty, SharedResource, TextEnv
 
 from .generator import LEVELS, SPLITS, generate_problem
 from .grading import DEFAULT_GRADE_BUDGET_S, AnswerExtractor, AnswerVerifier, Grader, RewardConfig
@@ -53,6 +54,20 @@ class MathProblemSet(SharedResource):
             raise ValueError(f"{path}: no problems")
         self.problems = tuple(problems)
         self.path = path
+        self._by_level: dict[str, tuple[Problem, ...]] = {}
+
+    def of_level(self, level: str) -> tuple[Problem, ...]:
+        """The problems whose stated level is `level` (``"3"`` matches MATH's ``"Level 3"``), in file order.
+
+        Raises:
+            ValueError: the file has no problem of that level.
+        """
+        if level not in self._by_level:
+            self._by_level[level] = tuple(p for p in self.problems if re.findall(r"\d+", p.level) == [level])
+        if not self._by_level[level]:
+            raise ValueError(f"{self.path}: no problem of level {level} (a difficulty curriculum on a problem file "
+                             f"needs a level on each problem, as MATH's 'Level 3')")
+        return self._by_level[level]
 
     @classmethod
     def build(cls, **env_kwargs: Any) -> MathProblemSet | None:
@@ -76,6 +91,8 @@ class MathEnv(TextEnv):
           ``split`` picks disjoint train / test question sets.
         * file: with a seed, problem ``seed % len(problems)``, so seeds ``0..N-1`` walk the whole file in order
           (handy for evaluation); with ``seed=None``, a uniform draw from ``self.np_random``.
+        * a seed that asks for a level (`difficulty_levels`, from a curriculum): a procedural problem of that level,
+          whatever ``level`` says; in a file, problem ``seed % n`` of the n problems of that level.
 
     ``info`` on reset: ``task_type`` (``"level<n>"``, ``"gsm8k"``, ``"math"`` or ``"dapo"``), ``problem_id``,
     ``level``, ``turn``. ``info`` on step adds ``extracted_answer`` (None when none was found), ``correct``,
@@ -112,6 +129,9 @@ class MathEnv(TextEnv):
         "inside \\boxed{}, for example \\boxed{42}."
     )
     shared: ClassVar[type[SharedResource] | None] = MathProblemSet
+    difficulty_levels: ClassVar[Difficulty | None] = Difficulty(
+        tuple(str(n) for n in LEVELS), "the procedural level, 1 (7 + 5) to 5 (multi-step word problems); a file's "
+        "stated level (MATH's 'Level 3')")
     # What a client of a served math env may set per session: data only. `source` (a file the server would read),
     # `extractor` / `verifier` (import paths the server would run) and `verify_timeout_s` (how long one grading may
     # hold a worker) stay with the operator's --env-arg.
@@ -187,8 +207,12 @@ class MathEnv(TextEnv):
         """Pick a problem (deterministically from `seed`) and return it with the answer-format instruction."""
         # gym.Env.reset seeds self.np_random; TextEnv.reset (the abstract contract method) would raise.
         gym.Env.reset(self, seed=seed, options=options)
+        level, task = self.difficulty_levels.split(seed)
         if self._problem_set is None:
-            self._problem = generate_problem(self.level, self.np_random, self.split)
+            self._problem = generate_problem(self.level if level is None else int(level), self.np_random, self.split)
+        elif level is not None:
+            problems = self._problem_set.of_level(level)
+            self._problem = problems[task % len(problems)]
         else:
             problems = self._problem_set.problems
             index = seed % len(problems) if seed is not None else int(self.np_random.integers(len(problems)))
