@@ -26,6 +26,7 @@ import functools
 import logging
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -596,7 +597,9 @@ class LossConfig:
     dilute the batch); with `scheduler.max_oversample` > 1 the step also rolls out more tasks to make up for them."""
     routing_replay: str = "none"
     """MoE Routing Replay: ``none``, ``r2`` (replay the training router's pi_old choices in the updates) or ``r3``
-    (replay the experts the inference engine chose at rollout, in the pi_old pass and the updates)."""
+    (replay the experts the inference engine chose at rollout, in the pi_old pass and the updates). Under r2 / r3,
+    ``router_agreement_live_vs_replayed`` in metrics.jsonl is how often the update passes' live router chose the
+    replayed experts (`agentrl.training.routing_replay`)."""
     per_turn_samples: bool = False
     """One training sample per turn instead of merging turns while the token prefix holds."""
 
@@ -800,8 +803,7 @@ class JudgeConfig:
             _require(not (self.model or self.rubric or self.rubric_file), "reward.judge.endpoint", self.endpoint,
                      "set (e.g. http://127.0.0.1:8000/v1) when reward.judge.model or a rubric is set")
             return
-        _require(self.endpoint.startswith(("http://", "https://")), "reward.judge.endpoint", self.endpoint,
-                 "an http:// or https:// base URL, e.g. http://127.0.0.1:8000/v1")
+        _check_base_url(self.endpoint, "reward.judge.endpoint")
         _require(bool(self.model.strip()), "reward.judge.model", self.model,
                  "the model name the endpoint serves (its /v1/models lists it)")
         _require(not (self.rubric and self.rubric_file), "reward.judge.rubric_file", self.rubric_file,
@@ -949,9 +951,14 @@ class RunConfig:
 
     def _check_curriculum(self) -> None:
         """The curriculum against the rest of the run (its env's levels are checked at set-up, where the env loads)."""
-        from agentrl.rollout.curriculum import CurriculumError, check_run
+        from agentrl.rollout.curriculum import HISTORY, CurriculumError, check_run
 
         C = self.curriculum
+        # The checkpoint of step s saves the state after step s, which the async producer may have observed up to
+        # max_staleness + 1 steps before: the curriculum keeps the last HISTORY.
+        _require(not self.scheduler.async_rollout or self.scheduler.max_staleness < HISTORY, "scheduler.max_staleness",
+                 self.scheduler.max_staleness, f"below {HISTORY} in async mode (the curriculum keeps the states of its "
+                 f"last {HISTORY} steps, and the checkpoint needs the trainer's)")
         _require(not (self.agent.function and C.policy != "uniform"), "curriculum.policy", C.policy,
                  "uniform with --agent (agent rollouts play the step's tasks in seed order)")
         # A partial-rollout stream draws a step's tasks before the steps ahead of it are observed, so a policy with
@@ -968,6 +975,11 @@ class RunConfig:
             _require(self.env.seed_offset + opts.tasks <= HELD_OUT_SEED_START, "curriculum.options.tasks", opts.tasks,
                      f"small enough that the pool (from env.seed_offset {self.env.seed_offset}) stays below the "
                      f"held-out seeds from {HELD_OUT_SEED_START:,}")
+            # The refill's extra tasks are new seeds past the pool: the curriculum would neither choose nor learn them.
+            _require(not self.scheduler.refills, "scheduler.max_oversample", self.scheduler.max_oversample,
+                     "1 with curriculum success over a task pool (options.over: task): the refill's extra tasks are "
+                     "new seeds outside the pool, which the curriculum neither draws by its weights nor learns from; "
+                     "drop --scheduler.max-oversample, or use over: level")
 
     def _check_refill(self) -> None:
         """Dynamic sampling's refill: it needs the filter, the built-in agent loop, and seeds short of the held-out."""
@@ -1115,6 +1127,26 @@ def _warn_renamed(old: str, renamed: dict[str, Renamed]) -> None:
     """One warning line: the key's new place, and the release that stops reading the old one."""
     logger.warning("%s is now %s (%s is read until %s, which removes it)", old, renamed[old].new, old,
                    renamed[old].removed_in)
+
+
+def _check_base_url(url: str, key: str) -> None:
+    """Refuse what is not an OpenAI-compatible base URL: http(s), a host, a valid port, no ``/chat/completions``.
+
+    Raises:
+        ConfigError: naming `key`, the URL and the fix.
+    """
+    example = "e.g. http://127.0.0.1:8000/v1"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # a port that is not a number, or out of range, raises here
+    except ValueError as e:
+        raise ConfigError(f"{key} must be an http:// or https:// base URL, {example}, got {url!r} ({e})") from None
+    _require(parts.scheme in ("http", "https"), key, url, f"an http:// or https:// base URL, {example}")
+    _require(bool(parts.hostname), key, url, f"a URL with a host name or address, {example}")
+    _require(port is None or port > 0, key, url, f"a URL with a port from 1 to 65535, {example}")
+    # The judge appends /chat/completions itself: a full route would be asked for twice.
+    _require(not parts.path.rstrip("/").endswith("/chat/completions"), key, url,
+             f"the base URL, without /chat/completions (which is appended), {example}")
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:

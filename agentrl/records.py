@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Turn", "Trajectory", "Sample", "save_trajectories", "load_trajectories"]
+__all__ = ["Turn", "Trajectory", "Sample", "group_by_id", "save_trajectories", "load_trajectories"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class Turn:
             an async run's weights may change between two turns of an episode, never inside one); None where it was
             not recorded (trajectories saved before turns carried it, agent rollouts).
         stale: left out of the loss: with partial rollouts (``scheduler.partial_rollouts``), the turn was sampled more
-            than ``scheduler.max_staleness`` versions before the step that trained it (`agentrl.rollout.partial`).
+            than ``scheduler.max_staleness`` versions before the step that trained it (`agentrl.rollout.partial`). A
+            fact of that step alone: written to JSONL for analysis, but `load_trajectories` reads every turn back as
+            not stale, so whatever trains on saved trajectories (SFT) trains on every turn.
     """
 
     prompt_ids: tuple[int, ...]
@@ -160,6 +162,18 @@ class Sample:
         return sum(self.loss_mask)
 
 
+def group_by_id(trajectories: Iterable[Trajectory]) -> dict[int, list[Trajectory]]:
+    """The trajectories by `Trajectory.group_id`: groups in order of first appearance, episodes in their order.
+
+    Ids name groups within one rollout (or one trained step, `agentrl.training.step.as_trained`); trajectories of
+    several rollouts may reuse them.
+    """
+    groups: dict[int, list[Trajectory]] = {}
+    for traj in trajectories:
+        groups.setdefault(traj.group_id, []).append(traj)
+    return groups
+
+
 def _turn_to_json(turn: Turn) -> dict[str, Any]:
     d = asdict(turn)
     d.pop("screenshot")  # binary, and saved as its own file by the run (agentrl.training.screenshots)
@@ -170,6 +184,7 @@ def _turn_to_json(turn: Turn) -> dict[str, Any]:
 
 
 def _turn_from_json(d: dict[str, Any]) -> Turn:
+    d.pop("stale", None)  # the mask of the RL step that trained it, not the episode's: a loaded turn trains
     routes = d.pop("routed_experts", None)
     if routes is not None:
         routes = np.asarray(routes["data"], dtype=routes["dtype"]).reshape(routes["shape"])
@@ -188,6 +203,8 @@ def save_trajectories(trajectories: Iterable[Trajectory], path: str | Path, appe
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:
     """Read trajectories saved by `save_trajectories`; a malformed line raises naming file and line.
+
+    Every turn comes back with ``stale=False`` (`Turn.stale` was the mask of the step that trained it).
 
     A last line cut short (no newline: the writer was killed mid-write) is skipped with a warning, so a crashed
     run's trajectories stay readable.

@@ -15,7 +15,15 @@ import pytest
 from test_pool import PromptHashEngine
 
 import agentrl
-from agentrl.config import AgentConfig, ConfigError, CurriculumConfig, EnvConfig, RunConfig, SchedulerConfig
+from agentrl.config import (
+    AgentConfig,
+    ConfigError,
+    CurriculumConfig,
+    EnvConfig,
+    LossConfig,
+    RunConfig,
+    SchedulerConfig,
+)
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.requests import BatchedRequests
 from agentrl.envs.core import TextEnv
@@ -23,7 +31,7 @@ from agentrl.envs.difficulty import LEVEL_STRIDE, Difficulty
 from agentrl.envs.math import MathEnv
 from agentrl.recipes.setup import build_curriculum
 from agentrl.records import Trajectory
-from agentrl.rollout.curriculum import CURRICULA, Curriculum, CurriculumError, Tasks
+from agentrl.rollout.curriculum import CURRICULA, HISTORY, Curriculum, CurriculumError, Tasks
 from agentrl.rollout.pool import EnvMaker
 from agentrl.rollout.scheduler import RolloutScheduler
 from agentrl.training.checkpoint import STATE_FILE, TrainerState, read_trainer_state
@@ -335,6 +343,17 @@ def test_a_bad_policy_or_option_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match="uniform or horizon with scheduler.partial_rollouts"):
         RunConfig(curriculum=CurriculumConfig(policy="success"),
                   scheduler=SchedulerConfig(async_rollout=True, partial_rollouts=True))
+    # The refill's extra tasks are seeds outside a task pool: the curriculum would neither draw nor learn them.
+    pool = CurriculumConfig(policy="success", options={"over": "task", "tasks": 8})
+    refill = dict(scheduler=SchedulerConfig(max_oversample=2.0), loss=LossConfig(dynamic_sampling=True))
+    with pytest.raises(ConfigError, match=r"scheduler.max_oversample must be 1 with curriculum success over a task "
+                                          r"pool \(options.over: task\).*use over: level, got 2.0"):
+        RunConfig(curriculum=pool, **refill)
+    RunConfig(curriculum=CurriculumConfig(policy="success"), **refill)  # over levels: the refill's tasks at levels too
+    # The checkpoint needs the state after the trainer's step, which an async producer may have left HISTORY behind.
+    with pytest.raises(ConfigError, match=r"scheduler.max_staleness must be below 256 in async mode"):
+        RunConfig(scheduler=SchedulerConfig(async_rollout=True, max_staleness=HISTORY))
+    RunConfig(scheduler=SchedulerConfig(async_rollout=True, max_staleness=HISTORY - 1))
     assert sorted(CURRICULA) == ["difficulty", "horizon", "success", "uniform"]
 
 

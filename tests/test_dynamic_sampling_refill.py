@@ -13,6 +13,7 @@ import logging
 import re
 
 import pytest
+from test_judge_reward import ScriptedJudge, make_judge
 from test_pool import _signature
 from test_protocols import SeedEchoEngine
 
@@ -28,6 +29,7 @@ from agentrl.config import (
 from agentrl.engine.base import SamplingParams
 from agentrl.envs.core import TextEnv
 from agentrl.records import Trajectory
+from agentrl.rewards.judge import JudgeBudgetSpent
 from agentrl.rollout.loop import RolloutResult, RolloutStats, run_rollout
 from agentrl.rollout.pool import EnvMaker, LocalPool
 from agentrl.rollout.refill import Refill, fill_step, is_mixed, merge_stats
@@ -258,10 +260,14 @@ def test_a_good_refill_config_passes_and_the_flag_has_help():
 
 
 def test_merged_counters_add_up():
-    a = RolloutStats(episodes=4, errors=1, failures=["x"], seconds=1.5, engine={"k": 1.0})
-    b = RolloutStats(episodes=2, errors=2, failures=["y"], seconds=0.5, engine={"j": 2.0})
+    a = RolloutStats(episodes=4, errors=1, failures=["x"], seconds=1.5, judge_failures=1,
+                     engine={"k": 1.0, "hit_rate": 0.5}, judge={"judge_calls": 3.0, "judge_tokens": 300.0})
+    b = RolloutStats(episodes=2, errors=2, failures=["y"], seconds=0.5, judge_failures=2,
+                     engine={"j": 2.0, "hit_rate": 0.25}, judge={"judge_calls": 2.0, "judge_retries": 1.0})
     m = merge_stats(a, b)
-    assert (m.episodes, m.errors, m.failures, m.seconds, m.engine) == (6, 3, ["x", "y"], 2.0, {"k": 1.0, "j": 2.0})
+    assert (m.episodes, m.errors, m.failures, m.seconds, m.judge_failures) == (6, 3, ["x", "y"], 2.0, 3)
+    assert m.engine == {"k": 1.0, "j": 2.0, "hit_rate": 0.25}  # rates do not add: the later round's stands
+    assert m.judge == {"judge_calls": 5.0, "judge_tokens": 300.0, "judge_retries": 1.0}  # counters add
 
 
 def test_fill_step_asks_for_the_next_extra_tasks_in_order():
@@ -281,3 +287,49 @@ def test_fill_step_asks_for_the_next_extra_tasks_in_order():
     assert all(len(seeds) <= 4 for seeds, _ in asked)  # a round is at most one step's worth of tasks
     assert [first for _, first in asked] == [0, *[4 + sum(len(x) for x, _ in asked[1:k]) for k in range(1, len(asked))]]
     assert sorted({t.seed for t in result.trajectories}) == [1050, 1051, 1052, 1053]
+
+
+# -- with a judge (agentrl.rewards.judge) ---------------------------------------------------------------------------
+
+
+def _judged_scheduler(tok, judge):
+    """`_scheduler` with every=4 and a judge; the reward is rule + judge score, so mixed is the rule's mixed."""
+    return _scheduler(tok, every=4, max_tasks=4 * P, judge=judge)
+
+
+def test_a_judge_failure_in_a_refill_round_drops_and_counts_its_group_and_the_step_refills(qwen3_tokenizer):
+    # A constant score keeps the rule reward's mixed groups mixed; the first extra task (10_000, mixable) gets a
+    # reply without one, so its group drops in the second round and later rounds fill the step.
+    server = ScriptedJudge(lambda prompt, n: "no verdict" if "task 10000\n" in prompt else "Fine.\nSCORE: 5")
+    judge = make_judge(server.url, retries=0)
+    sched, _ = _judged_scheduler(qwen3_tokenizer, judge)
+    try:
+        result = sched.rollout(0)
+    finally:
+        sched.close()
+        server.close()
+    groups = _groups(result.trajectories)
+    assert [g[0].seed for g in groups] == [0, 10_004, 10_008] and all(is_mixed(g) for g in groups)
+    assert all(t.judge_reward == 0.5 for t in result.trajectories)
+    stats = result.stats
+    assert stats.judge_failures == 1 and stats.dropped_groups == 1
+    assert stats.failures[-1].startswith("judge_unparsable (group 3, seed 10000")
+    # Rounds of 3, 3, 3 and 3 tasks: 10_000 fails its judge, 10_004 and 10_008 are the next mixed ones.
+    assert stats.engine["dynamic_sampling_rounds"] == 4 and stats.engine["dynamic_sampling_groups_drawn"] == 12
+    assert stats.engine["dynamic_sampling_bound_hit"] == 0 and stats.episodes == 12 * G
+    metrics = stats.metrics()
+    assert metrics["judge_failures"] == 1 and metrics["judge_failed_calls"] >= 1 and metrics["judge_episodes"] >= 23
+
+
+def test_a_spent_judge_budget_stops_the_refill_at_once(qwen3_tokenizer):
+    server = ScriptedJudge(lambda prompt, n: "Fine.\nSCORE: 5")
+    judge = make_judge(server.url, budget_calls=P * G)  # the first draw's episodes (their replies differ)
+    sched, engine = _judged_scheduler(qwen3_tokenizer, judge)
+    try:
+        with pytest.raises(JudgeBudgetSpent, match="reward.judge.budget_calls"):
+            sched.rollout(0)
+    finally:
+        sched.close()
+        server.close()
+    assert server.calls == P * G
+    assert len(engine.seen) <= 2 * P * G  # the second round's episodes at most: no third round for nothing

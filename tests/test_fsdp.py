@@ -219,6 +219,8 @@ def test_cli_run_with_two_trainer_workers_end_to_end(tmp_path, model, replay):
     assert [r["step"] for r in rows] == [0, 1]
     # The engine samples from the weights the workers trained: pi_old (workers) equals mu (driver) to float noise.
     assert all(abs(r["kl_k3"]) < 1e-4 for r in rows)
+    if replay == "r3":  # the workers count how often their live router chose the replayed (rollout's) experts
+        assert all(0.5 <= r["router_agreement_live_vs_replayed"] <= 1.0 for r in rows)
     ckpt = tmp_path / "run" / "checkpoint"
     assert (ckpt / "shards" / ".metadata").exists() and (ckpt / "model.safetensors").exists()
     architecture = "Qwen3MoeForCausalLM" if replay == "r3" else "Qwen3ForCausalLM"

@@ -9,7 +9,9 @@ port that was just closed. Nothing leaves the machine.
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from agentrl.rewards.combine import combine, passes_gate
 from agentrl.rewards.judge import (
     DEFAULT_RUBRIC,
     JUDGE_CACHE,
+    JudgeBudgetSpent,
     JudgeFailure,
     JudgeReward,
     parse_score,
@@ -243,12 +246,83 @@ def test_a_scored_episode_asks_once_and_the_cache_answers_the_same_question(scri
 
 
 def test_identical_episodes_judged_at_once_share_one_call(scripted):
-    server = scripted(lambda prompt, n: (time.sleep(0.3), "SCORE: 5")[1])
+    release = threading.Event()  # the endpoint answers only once every episode was submitted
+    server = scripted(lambda prompt, n: (release.wait(30), "SCORE: 5")[1])
     judge = make_judge(server.url, concurrency=4)
     futures = [judge.submit(episode(1)) for _ in range(4)]
+    assert not any(f.done() for f in futures) and all(f is futures[0] for f in futures)  # one call, in flight
+    release.set()
     assert [f.result(timeout=10) for f in futures] == [0.5] * 4
     assert server.calls == 1 and judge.counts().cache_hits == 3
     judge.close()
+
+
+def test_the_judge_needs_no_package_beyond_the_base_install(scripted, monkeypatch):
+    """httpx is a dev dependency only: the judge's client is the standard library's."""
+    monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` raises ImportError
+    server = scripted(score_of("SCORE: 8"))
+    judge = make_judge(server.url)
+    assert judge.submit(episode(0)).result(timeout=10) == pytest.approx(0.8)
+    assert judge.counts().tokens == 100  # the endpoint's usage
+    judge.close()
+
+
+def test_a_usage_count_that_is_not_a_number_is_no_count(scripted):
+    body = '{"choices": [{"message": {"content": "SCORE: 4"}}], "usage": {"total_tokens": NaN}}'
+    server = scripted(lambda prompt, n: Raw(body))
+    judge = make_judge(server.url)
+    assert judge.submit(episode(0)).result(timeout=10) == pytest.approx(0.4)
+    prompt = server.requests[0]["body"]["messages"][0]["content"]
+    assert judge.counts().tokens == (len(prompt) + len("SCORE: 4")) // 4  # characters / 4, as without usage
+    judge.close()
+
+
+def test_any_other_error_in_a_call_is_a_counted_failure_and_drops_only_its_group(scripted, qwen3_tokenizer, caplog,
+                                                                                tmp_path):
+    server = scripted(by_task)
+    judge = make_judge(server.url, cache=tmp_path / JUDGE_CACHE, retries=2, backoff=0.01)
+    post = judge._post
+
+    def broken_for_task_12(prompt: str):
+        if "task 12" in prompt:
+            raise ValueError("Invalid IPv6 URL")  # as urllib says of a URL it cannot read
+        return post(prompt)
+
+    judge._post = broken_for_task_12
+    with caplog.at_level(logging.WARNING, logger="agentrl.rewards.judge"):
+        result = run_rollout(LocalPool(_maker(), slots=6), "task", [10, 11, 12], 2, BatchedRequests(
+            HelloEngine(qwen3_tokenizer)), qwen3_tokenizer, SamplingParams(temperature=0), max_turns=1, judge=judge)
+    assert [t.group_id for t in result.trajectories] == [0, 0, 1, 1]
+    assert result.stats.judge_failures == 1 and result.stats.dropped_groups == 1
+    assert result.stats.failures[-1].startswith("judge_error (group 2, seed 12") and "Invalid IPv6" in \
+        result.stats.failures[-1]
+    counts = judge.counts()
+    assert counts.retries == 0 and counts.failed_calls >= 1  # not retried: it would fail alike
+    record = next(r for r in caplog.records if "judge call failed (error" in r.getMessage())
+    assert record.exc_info is not None and isinstance(record.exc_info[1], ValueError)  # logged with its traceback
+    lines = [json.loads(line) for line in (tmp_path / JUDGE_CACHE).read_text().splitlines()]
+    assert [line.get("failed") for line in lines].count("error") == counts.failed_calls
+    judge.close()
+
+
+def test_a_closed_judge_fails_calls_cleanly(scripted):
+    release = threading.Event()
+    server = scripted(lambda prompt, n: (release.wait(30), "SCORE: 5")[1])
+    judge = make_judge(server.url, concurrency=1)
+    running, queued = judge.submit(episode(0)), judge.submit(episode(1))
+    deadline = time.monotonic() + 10
+    while server.calls < 1 and time.monotonic() < deadline:  # the first call reached the endpoint: in flight
+        time.sleep(0.01)
+    judge.close()
+    judge.close()  # idempotent
+    after = judge.submit(episode(2))  # the pool takes no more calls: a failed future, not the pool's RuntimeError
+    release.set()
+    assert running.result(timeout=10) == 0.5  # the call in flight ends
+    for future in (queued, after):
+        with pytest.raises(JudgeFailure, match="closed") as e:
+            future.result(timeout=10)
+        assert e.value.kind == "closed"
+    assert server.calls == 1 and judge.counts().failed_calls == 0
 
 
 @pytest.mark.parametrize("kind, answer, url", [
@@ -405,8 +479,19 @@ def test_the_reward_section_is_typed_and_checked_with_the_field_and_the_fix(tmp_
     cfg = build_config(RunConfig, {"reward.judge.endpoint": "http://127.0.0.1:8000/v1", "reward.judge.model": "m",
                                    "reward.judge.scale": [1, 5], "reward.gate": 1})
     assert cfg.reward.judge.scale == (1.0, 5.0) and cfg.reward.gate == 1.0
+    for good in ("http://[::1]:8000/v1", "https://api.example.com/v1/", "http://localhost"):
+        assert JudgeConfig(endpoint=good, model="m").endpoint == good
     bad = [
         ({"reward.judge.endpoint": "127.0.0.1:8000"}, r"reward.judge.endpoint must be an http:// or https://"),
+        ({"reward.judge.endpoint": "ftp://127.0.0.1/v1"}, r"reward.judge.endpoint must be an http:// or https://"),
+        ({"reward.judge.endpoint": "http://[::1:8000/v1"}, r"must be an http:// or https:// .*\(Invalid IPv6 URL\)"),
+        ({"reward.judge.endpoint": "http://127.0.0.1:port/v1"}, r"must be an http:// .*\(Port could not be cast"),
+        ({"reward.judge.endpoint": "http://127.0.0.1:70000/v1"}, r"must be an http:// .*\(Port out of range"),
+        ({"reward.judge.endpoint": "http://127.0.0.1:0/v1"}, r"must be a URL with a port from 1 to 65535"),
+        ({"reward.judge.endpoint": "http:///v1"}, r"reward.judge.endpoint must be a URL with a host"),
+        ({"reward.judge.endpoint": "http://127.0.0.1:8000/v1/chat/completions"},
+         r"reward.judge.endpoint must be the base URL, without /chat/completions \(which is appended\), "
+         r"e.g. http://127.0.0.1:8000/v1, got"),
         ({"reward.judge.model": ""}, r"reward.judge.model must be the model name"),
         ({"reward.judge.endpoint": ""}, r"reward.judge.endpoint must be set"),
         ({"reward.judge.rubric": "Rate {transcrpt}"}, r"reward.judge.rubric must be a template whose placeholders"),
@@ -554,3 +639,35 @@ def test_async_scheduler_steps_carry_judged_rewards_and_the_cache_spares_repeate
     assert first.stats.metrics()["judge_calls"] == 2 and second.stats.metrics()["judge_calls"] == 0
     assert second.stats.metrics()["judge_cache_hits"] == 4 and server.calls == 2
     assert len((tmp_path / JUDGE_CACHE).read_text().splitlines()) == 2
+
+
+def test_a_spent_budget_stops_the_run_with_the_setting_and_the_way_on(scripted, qwen3_tokenizer, monkeypatch,
+                                                                       tmp_path):
+    """Past the budget every group would drop: the rollout stops at the first episode past it, and the run with it."""
+    server = scripted(by_task)
+    judge = make_judge(server.url, budget_calls=1)
+    with pytest.raises(JudgeBudgetSpent, match=r"budget of 1 calls is spent \(reward.judge.budget_calls\)") as e:
+        run_rollout(LocalPool(_maker(), slots=4), "task", [10, 11], 2, BatchedRequests(
+            HelloEngine(qwen3_tokenizer)), qwen3_tokenizer, SamplingParams(temperature=0), max_turns=1, judge=judge)
+    judge.close()
+    assert judge.counts().calls == 1 and judge.counts().over_budget == 1  # the other call may still be on its way
+    assert "resume it with a larger budget (--reward.judge.budget-calls N" in str(e.value)
+
+    # `agentrl run` turns it into its one-line stop, in lockstep (raised as is) and async mode (the producer wraps it).
+    from types import SimpleNamespace
+
+    import agentrl.recipes.train as recipe
+    from agentrl.recipes.train import TrainingError, train
+
+    spent = e.value
+    run = SimpleNamespace(start_step=0, out=tmp_path, restarts=0, close=lambda keep_ray=False: None)
+    monkeypatch.setattr(recipe, "_start", lambda *args, **kwargs: run)
+    for raised in (spent, RuntimeError(f"the rollout producer failed: {spent}")):
+        def step(run, step, *, say, show, raised=raised):
+            if isinstance(raised, JudgeBudgetSpent):
+                raise raised
+            raise raised from spent
+
+        monkeypatch.setattr(recipe, "train_step", step)
+        with pytest.raises(TrainingError, match=r"reward.judge.budget_calls.*\(step 0\); no checkpoint was saved"):
+            train(RunConfig(output=str(tmp_path)), progress=False)

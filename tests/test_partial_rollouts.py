@@ -4,8 +4,10 @@ the weights that sampled each token."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
+from typing import ClassVar
 
 import pytest
 from test_pool import WalkEnv
@@ -70,30 +72,102 @@ class LongWalk(WalkEnv):
         return out
 
 
-# Seed 1 (step 0's second task) walks 10 slow steps; every other task ends after one step.
-STRAGGLER = {"length": 1, "long_seed": 1, "long_length": 10, "slow_seed": 1, "slow_latency": 0.03}
+class Lockstep:
+    """Ties the env to the stand-in trainer with events instead of sleeps, so what each step trains never depends on
+    how fast threads run. With the in-process pool the env steps in the producer thread, so a wait there pauses the
+    whole stream (never the trainer).
+
+    * Partial rollouts: the straggler's i-th step (from 0) waits until the trainer has made ``(i + 1) // 3`` updates,
+      and the trainer makes update s + 1 only once the straggler waits for it (or has finished): its turns are
+      sampled by versions 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, while the other groups complete and train in between.
+    * Off: a task of step k >= 1 starts only once the trainer has taken step k - 1's rollout, so no later step's
+      groups are in the buffer when a step takes its own.
+    """
+
+    TIMEOUT = 60.0
+    current: ClassVar[Lockstep | None] = None  # the one the envs of the running test use
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.version, self.wanted, self.finished, self.taken = 0, 0, False, -1
+
+    def _wait(self, ready, what: str) -> None:
+        if not self.cond.wait_for(ready, self.TIMEOUT):
+            raise TimeoutError(f"lockstep: {what} never came")
+
+    def straggler_step(self, i: int, last: bool) -> None:
+        need = (i + 1) // 3
+        with self.cond:
+            if self.version < need:
+                self.wanted = need
+                self.cond.notify_all()
+                self._wait(lambda: self.version >= need, f"update {need}")
+            self.finished = last
+            self.cond.notify_all()
+
+    def task_reset(self, step: int) -> None:
+        with self.cond:
+            self._wait(lambda: self.taken >= step - 1, f"the trainer taking step {step - 1}")
+
+    def took(self, step: int) -> None:
+        with self.cond:
+            self.taken = step
+            self.cond.notify_all()
+
+    def update(self, sched: RolloutScheduler, step: int, partial: bool) -> None:
+        if partial:
+            with self.cond:
+                self._wait(lambda: self.wanted == step + 1 or self.finished, f"the straggler waiting for {step + 1}")
+        sched.updated(step)
+        with self.cond:
+            self.version = step + 1
+            self.cond.notify_all()
 
 
-def _train(tokenizer, *, partial: bool, steps: int, max_staleness: int = 1, train_seconds: float = 0.02,
-           env: dict | None = None, until_seed: int | None = None):
+class LockstepWalk(LongWalk):
+    """`LongWalk` whose straggler steps and task starts follow `Lockstep.current` (partial: the straggler; off: the
+    starts)."""
+
+    def __init__(self, partial: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.partial = partial
+
+    def reset(self, *, seed=None, options=None):
+        if not self.partial and seed >= 10:
+            Lockstep.current.task_reset(seed // 10)
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.partial and self.seed == self.long_seed:
+            Lockstep.current.straggler_step(self.t, last=self.t + 1 == self.length)
+        return super().step(action)
+
+
+# Seed 1 (step 0's second task) walks 10 steps; every other task ends after one step.
+STRAGGLER = {"length": 1, "long_seed": 1, "long_length": 10}
+
+
+def _train(tokenizer, *, partial: bool, steps: int, until_seed: int | None = None):
     """A stand-in trainer: every step takes its rollout, "trains", and has the engine updated to the next version."""
-    env = env or STRAGGLER
-    engine = BatchedRequests(VersionedEngine(tokenizer, token_seconds=0.0005))
+    env = {**STRAGGLER, "partial": partial}
+    engine = BatchedRequests(VersionedEngine(tokenizer))
+    lockstep = Lockstep.current = Lockstep()
     sched = RolloutScheduler(
         "walk", env, engine, lambda: [], tokenizer, seeds_for_step=lambda s: [10 * s, 10 * s + 1],
         sampling_for_step=lambda s: SamplingParams(temperature=0), group_size=2, rollout_kwargs={"max_turns": 12},
-        maker=EnvMaker("walk", env, entry_point=LongWalk), async_rollout=True, max_staleness=max_staleness,
+        maker=EnvMaker("walk", env, entry_point=LockstepWalk), async_rollout=True, max_staleness=1,
         partial_rollouts=partial)
     results = []
     try:
         for step in range(steps):
             results.append(sched.rollout(step))
-            time.sleep(train_seconds)
-            sched.updated(step)
+            lockstep.took(step)
+            lockstep.update(sched, step, partial)
             if until_seed is not None and any(t.seed == until_seed for t in results[-1].trajectories):
                 break
     finally:
         sched.close()
+        Lockstep.current = None
     return results, sched
 
 
@@ -149,7 +223,7 @@ def test_stream_harvests_complete_groups_while_the_others_play_on(qwen3_tokenize
 def test_partial_rollouts_turn_versions_logprobs_and_the_per_turn_bound(qwen3_tokenizer):
     results, sched = _train(qwen3_tokenizer, partial=True, steps=60, until_seed=1)
     straggler_step = next(s for s, r in enumerate(results) if any(t.seed == 1 for t in r.trajectories))
-    assert straggler_step >= 2  # the straggler did not hold step 0 back: it carried over
+    assert straggler_step == 3  # the straggler did not hold step 0 back: it carried over
     assert {t.seed for t in results[0].trajectories} == {0, 10}  # step 0 trained the first groups to complete
     crossed = 0
     for step, result in enumerate(results):
@@ -169,7 +243,7 @@ def test_partial_rollouts_turn_versions_logprobs_and_the_per_turn_bound(qwen3_to
                                                                   if not u.stale)
     straggler = [t for t in results[straggler_step].trajectories if t.seed == 1]
     assert any(u.stale for u in straggler[0].turns) and not straggler[0].turns[-1].stale
-    assert crossed >= 2 and len(set(_turn_versions(straggler[0]))) > 1
+    assert crossed == 2 and [_turn_versions(t) for t in straggler] == [[0, 0, 0, 1, 1, 1, 2, 2, 2, 3]] * 2
     assert sched.stale_groups_evicted == 0  # its last turns were fresh: masked, not evicted
 
 

@@ -254,3 +254,85 @@ def test_clear_errors(model, ids):
             pass
     with pytest.raises(ValueError, match="no MoE router"):
         RoutingReplay(torch.nn.Linear(2, 2))
+
+
+# ---- how often the live router agrees with the replayed experts (the update passes' metric) ------------------------
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_replay_counts_how_often_the_live_router_chose_the_replayed_experts(model, ids, checkpointing):
+    train = copy.deepcopy(model).train()
+    if checkpointing:  # the backward recomputes every router: each forward must still count once
+        train.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    rr = RoutingReplay(train)
+    with torch.no_grad(), rr.record() as live:
+        train(ids)
+    routes = live.routes.to(torch.int16)  # [4, 12, L=2, K=2]: the live choice everywhere, so far
+    routes[0, 9:] = -1  # 3 tokens route live (padding, last tokens): not compared
+    # 5 tokens take other experts in the LAST layer only, so no later router sees a changed hidden state and every
+    # other pair stays the live choice: exactly 5 of the (48 - 3) * 2 = 90 compared pairs disagree.
+    changed = [(0, 2), (1, 0), (1, 5), (2, 3), (3, 11)]
+    for row, pos in changed:
+        routes[row, pos, -1] = (routes[row, pos, -1] + 1) % rr.num_experts  # {a, b} -> {a + 1, b + 1}: another set
+    with rr.replay(routes) as agreement:
+        token_logp(train, ids).sum().backward()
+    assert agreement.counts() == (85.0, 90.0)
+    assert agreement.fraction == pytest.approx(85 / 90)
+    assert agreement.fraction == pytest.approx(router_agreement(live.routes, routes))  # the same definition
+    with torch.no_grad(), rr.replay(routes, measure=False) as unmeasured:
+        train(ids)
+    assert unmeasured.counts() == (0.0, 0.0) and unmeasured.fraction is None
+
+
+def test_measuring_the_agreement_changes_no_loss_gradient_or_route():
+    from agentrl.models import load_model
+
+    model = load_model("tiny-qwen3-moe").model.train()
+    ids = torch.randint(0, 1000, (3, 10), generator=torch.Generator().manual_seed(2))
+    mu = perturbed_router(model)  # a rollout engine whose experts differ from the live router's on some tokens
+    with torch.no_grad(), RoutingReplay(mu).record() as rollout:
+        mu(ids)
+    routes = rollout.routes.to(torch.int16)
+    routes[0, 7:] = -1  # some tokens keep the live choice
+    rr = RoutingReplay(model)
+    runs = {}
+    for measure in (False, True):
+        model.zero_grad(set_to_none=True)
+        with rr.replay(routes, measure=measure) as agreement:
+            used = _routes_seen(model, ids, rr)
+            logp = token_logp(model, ids)
+            loss = (logp * torch.linspace(-1.0, 1.0, logp.shape[1])).mean()
+            loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        runs[measure] = loss.detach(), used, grads, agreement.counts()
+    (loss_off, used_off, grads_off, counts_off), (loss_on, used_on, grads_on, counts_on) = runs[False], runs[True]
+    assert torch.equal(loss_off, loss_on) and torch.equal(used_off, used_on)
+    assert grads_off.keys() == grads_on.keys() and any(n.endswith("mlp.gate.weight") for n in grads_on)
+    assert all(torch.equal(grads_off[n], grads_on[n]) for n in grads_off)
+    assert counts_off == (0.0, 0.0)
+    assert 0 < counts_on[0] < counts_on[1]  # the perturbed router moved some tokens' experts, not all
+
+
+def test_replaying_strategies_report_the_update_passes_agreement():
+    from agentrl.training.backend import LossResult
+    from agentrl.training.routing_replay import (
+        REPLAY_AGREEMENT,
+        DenseRouting,
+        LiveRouting,
+        R2Routing,
+        R3Routing,
+    )
+
+    for strategy in (R2Routing(), R3Routing()):
+        strategy.begin_step(2)
+        assert strategy.metrics()[REPLAY_AGREEMENT] is None  # no update pass yet
+        strategy.updated(LossResult({}, 4.0, routes_agreed=3.0, routes_compared=4.0))
+        strategy.updated(LossResult({}, 9.0, routes_agreed=5.0, routes_compared=6.0))
+        assert strategy.metrics()[REPLAY_AGREEMENT] == pytest.approx(0.8)  # pooled over pairs: 8 / 10
+        strategy.begin_step(2)  # the next step starts afresh
+        assert strategy.metrics()[REPLAY_AGREEMENT] is None
+    live = LiveRouting()
+    live.begin_step(1)
+    live.updated(LossResult({}, 4.0))  # routed live: nothing compared
+    assert live.metrics() == {"router_agreement": None, REPLAY_AGREEMENT: None}
+    assert REPLAY_AGREEMENT not in DenseRouting().metrics()  # a dense run's metrics do not gain the key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -118,6 +119,19 @@ def test_conversations_and_saved_trajectories_give_the_experts_tokens(tmp_path, 
     saved = tmp_path / "trajectories.jsonl"
     save_trajectories([traj], saved, append=False)
     assert load_demonstrations(saved, qwen3_tokenizer) == [traj]
+
+
+def test_a_turn_saved_stale_by_partial_rollouts_trains_in_sft(tmp_path, qwen3_tokenizer):
+    # `Turn.stale` masked the turn out of one RL step's loss; a demonstration loaded from the file trains on all of it.
+    traj = expert_trajectory(CorridorEnv(), "corridor-test", 3, qwen3_tokenizer)
+    turns = (replace(traj.turns[0], stale=True, policy_version=2), *traj.turns[1:])
+    saved = tmp_path / "trajectories.jsonl"
+    save_trajectories([replace(traj, turns=turns)], saved, append=False)
+    assert json.loads(saved.read_text())["turns"][0]["stale"]  # still in the file, for analysis
+    (loaded,) = load_demonstrations(saved, qwen3_tokenizer)
+    assert not loaded.turns[0].stale and loaded.turns[0].policy_version == 2
+    trained = sum(s.num_loss_tokens for s in trajectory_to_samples(loaded, 1.0))
+    assert trained == sum(len(t.generated_ids) for t in traj.turns)  # the first turn's tokens included
 
 
 def test_bad_demonstration_files_say_what_is_wrong(tmp_path, qwen3_tokenizer):

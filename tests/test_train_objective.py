@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,25 @@ import torch
 
 import agentrl.recipes.setup as setup_mod
 import agentrl.training.step as step_mod
-from agentrl.config import ConfigError, RunConfig, apply_overrides
+from agentrl.chat.samples import trajectory_to_samples
+from agentrl.config import (
+    AdvantageConfig,
+    ConfigError,
+    LossConfig,
+    OptimConfig,
+    RunConfig,
+    TrainerConfig,
+    apply_overrides,
+)
 from agentrl.models import load_model
 from agentrl.objective import CollapseGuard
 from agentrl.recipes.train import train
 from agentrl.records import Sample, Trajectory, Turn, load_trajectories
 from agentrl.training.microbatch import collate
-from agentrl.training.step import as_trained, build_loss_options
+from agentrl.training.reference import ReferencePolicy
+from agentrl.training.routing_replay import DenseRouting
+from agentrl.training.single import SingleProcessBackend
+from agentrl.training.step import TrainingStep, as_trained, build_loss_options, kl_penalty_per_trajectory, unmasked
 
 
 def _cfg(tmp_path, **overrides) -> RunConfig:
@@ -47,6 +60,46 @@ def test_as_trained_records_the_step_and_keeps_groups_of_versions_apart():
     assert [t.group_id for t in trained] == [0, 0, 1, 2]
     assert {t.train_step for t in trained} == {5}
     assert [t.policy_version for t in trained] == [3, 3, 4, 4]
+
+
+def test_as_trained_keeps_groups_of_one_version_and_id_apart_by_task():
+    # Async mode: a step that lost a group takes one of the next step's, of the same version, numbered from 0 too.
+    other_task = replace(_traj(3, 0), seed=7)
+    trained = as_trained([_traj(3, 0), _traj(3, 0), other_task, other_task, _traj(3, 1)], step=4)
+    assert [t.group_id for t in trained] == [0, 0, 1, 1, 2]
+    assert [t.seed for t in trained] == [0, 0, 7, 7, 1]
+
+
+def test_stale_turns_pay_the_kl_reward_penalty_and_leave_only_the_loss(tmp_path):
+    """Partial rollouts: the stale mask is the loss's; the KL reward penalty counts every generated token."""
+    loss = LossConfig(kl_reward_coef=0.5, per_turn_samples=True, options={"kl_coef": 0.1})
+    reference = load_model("tiny-qwen3").model.eval()
+    step = TrainingStep(backend=SingleProcessBackend(load_model("tiny-qwen3"), lr=1e-3, betas=(0.9, 0.999),
+                                                     weight_decay=0.0),
+                        routing=DenseRouting(), loss=loss, advantage=AdvantageConfig(), optim=OptimConfig(),
+                        trainer=TrainerConfig(), per_turn_budget=8, pad_id=0, shuffle=torch.Generator(), out=tmp_path,
+                        reference=ReferencePolicy(reference, 0))
+    first = Turn((1, 2), (3, 4), (-0.5, -3.0), "a", "o", 0.0, stale=True)  # one sample per turn: this one all stale
+    second = Turn((1, 2, 3, 4, 5), (6,), (-0.2,), "b", "o", 1.0)
+    stale = Trajectory("math", 0, 0, (first, second), "q", 1.0, True, True, False)
+    fresh = replace(unmasked(stale), total_return=0.0)  # the group's other episode (mixed rewards)
+    both = [stale, unmasked(stale)]
+
+    layout = [s for t in both for s in trajectory_to_samples(unmasked(t), 0.0, per_turn=True)]
+    penalty = kl_penalty_per_trajectory(both, step.reference_logprobs(layout), loss)
+    assert float(penalty[0]) == float(penalty[1]) and float(penalty[0]) != 0.0  # as if no turn were stale
+
+    batch = step.make_samples([stale, fresh])
+    # The stale episode trains its second turn alone; the fresh one both turns.
+    assert [s.input_ids for s in batch.samples] == [(1, 2, 3, 4, 5, 6), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6)]
+    assert [s.loss_mask for s in batch.samples] == [(0, 0, 0, 0, 0, 1), (0, 0, 1, 1), (0, 0, 0, 0, 0, 1)]
+    with torch.no_grad():  # the loss's reference log-probs follow the training samples
+        for i, s in enumerate(batch.samples):
+            logits = reference(torch.tensor([s.input_ids])).logits[0, :-1].float()
+            want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.input_ids[1:])[:, None])[:, 0]
+            trained = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+            torch.testing.assert_close(batch.ref_logp[i][trained], want[trained], atol=1e-4, rtol=1e-4)
+    assert batch.metrics["kl_reward_penalty_mean"] == pytest.approx(float(penalty[0]))  # both pay the same
 
 
 def test_collate_spreads_per_turn_advantages_over_tokens():

@@ -11,14 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from agentrl.config import ContextConfig, EngineConfig, EnvConfig, LogConfig, RunnersConfig
+from agentrl.config import HELD_OUT_SEED_START, ContextConfig, EngineConfig, EnvConfig, LogConfig, RunnersConfig
 from agentrl.protocols.protocol import ProtocolRun  # at run time: the config is rebuilt from its type hints
 
 __all__ = ["EVAL_SEED_OFFSET", "SAMPLING_KEYS", "EvalError", "EvalEnvConfig", "eval_env", "SamplingOverrides",
            "EvalConfig"]
 
-EVAL_SEED_OFFSET = 1_000_000
-"""First eval task seed: far above the seeds training draws (0, 1, 2, ...)."""
+EVAL_SEED_OFFSET = HELD_OUT_SEED_START
+"""First eval task seed: far above the seeds training draws (0, 1, 2, ...), which the run's config keeps below it."""
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty")

@@ -34,6 +34,7 @@ from agentrl.recipes.plan import RunPlan
 from agentrl.recipes.setup import Run, set_up
 from agentrl.recipes.stops import sigterm_stops
 from agentrl.records import Trajectory, save_trajectories
+from agentrl.rewards.judge import JudgeBudgetSpent
 from agentrl.rollout.pool import RunnersLost
 from agentrl.rollout.scheduler import staleness_metrics
 from agentrl.trackers.runlog import append_metrics
@@ -107,9 +108,12 @@ def _train(cfg: RunConfig, *, resume: bool, overwrite: bool, progress: bool) -> 
                 train_step(run, step, say=bar.write, show=show)
         except TrainerFailure as e:
             failure = e
-        except RuntimeError as e:  # an engine replica or env runner that cannot come back (its node is gone)
-            cause = e if isinstance(e, (EngineError, RunnersLost)) else e.__cause__  # the async producer wraps it
-            if not isinstance(cause, (EngineError, RunnersLost)):
+        except RuntimeError as e:
+            # An engine replica or env runner that cannot come back (its node is gone), or the judge's budget spent
+            # (every later group would drop): a one-line stop with the way on.
+            stops = (EngineError, RunnersLost, JudgeBudgetSpent)
+            cause = e if isinstance(e, stops) else e.__cause__  # the async producer wraps it
+            if not isinstance(cause, stops):
                 raise
             raise TrainingError(f"{cause} (step {step}); {_resume_hint(run.out)}") from None
         finally:

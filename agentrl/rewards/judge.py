@@ -8,18 +8,22 @@ score, mapped from the rubric's scale to [0, 1], is combined with the rule rewar
 What it guarantees:
 
 * **A reward it did not get is never recorded.** A call that times out, cannot connect, gets an HTTP error, or
-  answers without exactly one parsable score in the scale is retried (with backoff); after the retries, or past the
-  budget, the episode's score is a `JudgeFailure`, never 0. The rollout loop (`agentrl.rollout.loop`) then drops the
-  episode's group and counts it (``judge_failures``), as it does for an env that keeps failing.
+  answers without exactly one parsable score in the scale is retried (with backoff); after the retries the episode's
+  score is a `JudgeFailure`, never 0, and so is any other error in a call (kind ``error``, logged with its traceback):
+  no exception of a call ends the rollout. The rollout loop (`agentrl.rollout.loop`) then drops the episode's group
+  and counts it (``judge_failures``), as it does for an env that keeps failing.
 * **One call per distinct question.** The cache key is the model, its sampling settings, the scale and the rendered
   prompt (so: the same rubric and the same episode text); an identical episode judged while the first call is still
   in flight waits for that call. Every call is appended to ``judge_cache.jsonl`` in the run folder (its tokens, and
   the score and reply when it succeeded), so a resumed run reads the scores it already paid for, and its spent budget.
 * **A bounded bill.** ``budget_calls`` and ``budget_tokens`` cap the run's calls (retries included) and tokens; a call
-  past them is not made and counts as a failure (``judge_over_budget``).
+  past them is not made and counts as a failure (``judge_over_budget``). Past the budget every episode the judge has
+  not scored yet would drop its group, so the rollout loop stops the run at the first one (`JudgeBudgetSpent`) rather
+  than roll out steps (and refill rounds) for nothing.
 * **The rollout never waits on one call.** Calls run on a thread pool (``concurrency``); the loop keeps stepping the
   other episodes and collects each verdict when it lands. Each call's connect and read phases time out after
-  ``timeout`` seconds.
+  ``timeout`` seconds. The HTTP client is the standard library's (``urllib.request``: a base install has no other;
+  proxies from the environment as usual, redirects not followed), one connection per call.
 
 Departures from judge rewards elsewhere (verl's and SkyRL's reward-model hooks, ART's RULER): one episode per call
 (RULER ranks a group together), and the strict score line instead of a JSON schema, which any chat model and any
@@ -29,6 +33,7 @@ OpenAI-compatible server can honour.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
 import math
@@ -36,6 +41,8 @@ import os
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -46,8 +53,8 @@ from agentrl.config import RUBRIC_FIELDS, ConfigError, JudgeConfig, RewardConfig
 from agentrl.records import Trajectory
 from agentrl.rewards.combine import CombinedReward, combine, passes_gate
 
-__all__ = ["JudgeReward", "JudgeFailure", "JudgeCounts", "JUDGE_CACHE", "DEFAULT_RUBRIC", "parse_score",
-           "render_transcript", "render_prompt", "rubric_and_key"]
+__all__ = ["JudgeReward", "JudgeFailure", "JudgeBudgetSpent", "JudgeCounts", "JUDGE_CACHE", "DEFAULT_RUBRIC",
+           "parse_score", "render_transcript", "render_prompt", "rubric_and_key"]
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +91,30 @@ class JudgeFailure(Exception):
 
     Attributes:
         kind: ``timeout``, ``unreachable``, ``http_<status>``, ``bad_response`` (not an OpenAI chat completion),
-            ``unparsable`` (no single score line in the scale) or ``over_budget``.
-        retry: whether another call may succeed (False for over_budget and for HTTP errors such as 401 or 404).
+            ``unparsable`` (no single score line in the scale), ``over_budget``, ``error`` (any other exception in
+            the call: a bug or an unforeseen reply; the exception is its ``__cause__``) or ``closed`` (the judge was
+            closed before the call started).
+        retry: whether another call may succeed (False for over_budget, error, closed and for HTTP errors such as
+            401 or 404).
     """
 
     def __init__(self, kind: str, message: str, retry: bool = True):
         super().__init__(message)
         self.kind, self.retry = kind, retry
+
+
+class JudgeBudgetSpent(RuntimeError):
+    """The run's judge budget is spent, so the run stops.
+
+    Past the budget every episode the judge has not scored yet would drop its group: each step (each refill round
+    too) would roll out its tasks for nothing. The rollout loop raises this at the first episode past the budget;
+    ``agentrl run`` stops with its message, which names the setting and the way on (a resume with a larger budget).
+    """
+
+    def __init__(self, failure: JudgeFailure):
+        super().__init__(f"{failure}: past it every episode the judge has not scored before would drop its group, so "
+                         f"the run stops; resume it with a larger budget (--reward.judge.budget-calls N or "
+                         f"--reward.judge.budget-tokens N on the resume command; 0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -207,7 +231,9 @@ class JudgeReward:
         self._in_flight: dict[str, Future] = {}
         self._counts = JudgeCounts()
         self._spent_calls, self._spent_tokens = 0, 0  # the run's, a resume's earlier calls included
-        self._client: Any = None
+        self._closed = False
+        # Redirects refused: urllib would repeat a redirected POST as a GET without its body.
+        self._opener = urllib.request.build_opener(_NoRedirect)
         self._pool = ThreadPoolExecutor(max_workers=cfg.judge.concurrency, thread_name_prefix="judge")
         if cache_path is not None and cache_path.exists():
             self._load(cache_path)
@@ -226,6 +252,8 @@ class JudgeReward:
         key = self._key(prompt)
         with self._lock:
             self._counts = _plus(self._counts, episodes=1)
+            if self._closed:  # the pool takes no more calls: a failure the loop handles, not the pool's RuntimeError
+                return _failed(JudgeFailure("closed", "the judge was closed (the run is ending)", retry=False))
             if key in self._cache:
                 self._counts = _plus(self._counts, cache_hits=1)
                 return _done(self._cache[key])
@@ -246,11 +274,14 @@ class JudgeReward:
             return self._counts
 
     def close(self) -> None:
-        """Cancel the calls not started and close the HTTP client (idempotent)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Stop taking calls (idempotent): a call not started yet fails at once (kind ``closed``); one in flight ends.
+
+        Under the lock, so a `submit` or a call racing it sees either the open judge or the closed one.
+        """
+        with self._lock:
+            self._closed = True
+            # Not cancel_futures: a cancelled future raises CancelledError in the loop; a queued call fails cleanly.
+            self._pool.shutdown(wait=False)
 
     # -- one question: retries around calls ----------------------------------------------------------------------
 
@@ -269,13 +300,15 @@ class JudgeReward:
                     last = e
                     if e.kind == "over_budget":
                         self._count(over_budget=1)
-                    else:
+                    elif e.kind != "closed":  # no call was made
                         self._count(failed_calls=1)
                         log.warning("judge call failed (%s, attempt %d of %d): %s", e.kind, attempt + 1,
-                                    1 + self.cfg.retries, e)
+                                    1 + self.cfg.retries, e, exc_info=e.__cause__ if e.kind == "error" else None)
                     if not e.retry:
                         break
             assert last is not None
+            if last.kind in ("over_budget", "closed"):  # the run's state, not this call's: no attempt count
+                raise last
             raise JudgeFailure(last.kind, f"{last} (attempt {attempts} of {1 + self.cfg.retries})", retry=False)
         finally:
             with self._lock:
@@ -285,6 +318,8 @@ class JudgeReward:
         """One HTTP call: its budget, the request, the parse; the call (and its score) go to the on-disk cache."""
         cfg = self.cfg
         with self._lock:
+            if self._closed:
+                raise JudgeFailure("closed", "the judge was closed (the run is ending)", retry=False)
             if cfg.budget_calls and self._spent_calls >= cfg.budget_calls:
                 raise JudgeFailure("over_budget", f"the run's judge budget of {cfg.budget_calls} calls is spent "
                                                   f"(reward.judge.budget_calls)", retry=False)
@@ -303,6 +338,9 @@ class JudgeReward:
             score = parse_score(reply, cfg.scale)
         except JudgeFailure as e:
             failure = e
+        except Exception as e:  # noqa: BLE001 - e.g. a URL urllib refuses: a failed call, never the rollout's end
+            failure = JudgeFailure("error", f"{type(e).__name__}: {e}", retry=False)
+            failure.__cause__ = e
         with self._lock:
             self._spent_tokens += tokens
             self._counts = _plus(self._counts, tokens=tokens, seconds=time.perf_counter() - t0)
@@ -316,30 +354,37 @@ class JudgeReward:
 
     def _post(self, prompt: str) -> Any:
         """The endpoint's JSON answer to one chat completion request."""
-        import httpx
-
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = httpx.Client(timeout=httpx.Timeout(self.cfg.timeout))
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = {"Content-Type": "application/json", "User-Agent": "agentrl-judge"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
         request = {"model": self.cfg.model, "messages": [{"role": "user", "content": prompt}],
                    "temperature": self.cfg.temperature, "max_tokens": self.cfg.max_reply_tokens}
+        post = urllib.request.Request(self.url, data=json.dumps(request).encode(), headers=headers, method="POST")
+        # HTTPError < URLError < OSError and TimeoutError < OSError: the order of these clauses matters. The timeout
+        # holds for connecting and for each read; a read that times out raises TimeoutError itself, a connect wrapped.
         try:
-            response = self._client.post(self.url, json=request, headers=headers)
-        except httpx.TimeoutException as e:
+            with self._opener.open(post, timeout=self.cfg.timeout) as response:
+                status, data = response.status, response.read()
+        except urllib.error.HTTPError as e:
+            status = e.code
+            raise JudgeFailure(f"http_{status}", f"{self.url} answered HTTP {status}: {_error_body(e)!r}",
+                               retry=status in _RETRIED_STATUS or status >= 500) from None
+        except TimeoutError as e:
             raise JudgeFailure("timeout", f"no answer from {self.url} within {self.cfg.timeout:g} s "
                                           f"({type(e).__name__})") from None
-        except httpx.TransportError as e:
-            raise JudgeFailure("unreachable", f"cannot reach {self.url}: {type(e).__name__}: {e}") from None
-        if response.status_code != 200:
-            status = response.status_code
-            raise JudgeFailure(f"http_{status}", f"{self.url} answered HTTP {status}: {response.text[:200]!r}",
-                               retry=status in _RETRIED_STATUS or status >= 500)
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                raise JudgeFailure("timeout", f"no connection to {self.url} within {self.cfg.timeout:g} s") from None
+            raise JudgeFailure("unreachable", f"cannot reach {self.url}: {e.reason}") from None
+        except (OSError, http.client.HTTPException) as e:  # the connection broke mid-answer
+            raise JudgeFailure("unreachable", f"lost the connection to {self.url}: {type(e).__name__}: {e}") from None
+        if status != 200:
+            raise JudgeFailure(f"http_{status}", f"{self.url} answered HTTP {status}: {data[:200]!r}", retry=False)
         try:
-            return response.json()
+            return json.loads(data)
         except ValueError:
-            raise JudgeFailure("bad_response", f"{self.url} answered with no JSON: {response.text[:200]!r}") from None
+            raise JudgeFailure("bad_response", f"{self.url} answered with no JSON: "
+                                               f"{data[:200].decode(errors='replace')!r}") from None
 
     # -- cache ---------------------------------------------------------------------------------------------------
 
@@ -410,6 +455,29 @@ def _done(value: float | None) -> Future:
     return future
 
 
+def _failed(failure: JudgeFailure) -> Future:
+    future: Future = Future()
+    future.set_exception(failure)
+    return future
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as its HTTP status (an error), as for any non-200 answer."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _error_body(error: urllib.error.HTTPError) -> str:
+    """The start of an HTTP error's body ("" when it cannot be read)."""
+    try:
+        return error.read()[:200].decode(errors="replace")
+    except (OSError, http.client.HTTPException):
+        return ""
+    finally:
+        error.close()
+
+
 def _reply_of(body: Any) -> tuple[str, int | None]:
     """The first choice's text of an OpenAI chat completion, and its total tokens (None when not reported)."""
     try:
@@ -420,4 +488,6 @@ def _reply_of(body: Any) -> tuple[str, int | None]:
         raise JudgeFailure("bad_response", f"the reply's content is not text: {content!r:.200}")
     usage = body.get("usage") if isinstance(body, dict) else None
     total = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return content, int(total) if isinstance(total, (int, float)) and not isinstance(total, bool) else None
+    # JSON's NaN and Infinity parse as floats: a count that is not a finite number is no count.
+    counted = isinstance(total, (int, float)) and not isinstance(total, bool) and math.isfinite(total)
+    return content, int(total) if counted else None

@@ -42,6 +42,7 @@ from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.http_server import RunningServer
 from agentrl.records import Trajectory
 from agentrl.rollout.agent_loader import AgentLoadError, load_agent
+from agentrl.rollout.curriculum import Tasks
 from agentrl.rollout.loop import RolloutResult, RolloutStats
 from agentrl.rollout.pool import EnvMaker
 from agentrl.serve.engine_client import EngineClient
@@ -189,7 +190,6 @@ class AgentRollout:
         s``, as `agentrl.rollout.scheduler.RolloutScheduler.from_config` does. A bad ``--agent`` or dataset closes
         `engine` before raising `ConfigError`.
         """
-        per_step = scheduler.prompts_per_step
         try:
             fn = load_agent(agent.function)
             rows = load_rows(agent.dataset) if agent.dataset else None
@@ -199,7 +199,7 @@ class AgentRollout:
         return cls(
             fn, engine, weights, tokenizer,
             maker=None if rows is not None else EnvMaker(env.id, dict(env.kwargs)), rows=rows,
-            seeds_for_step=lambda s: [env.seed_offset + s * per_step + i for i in range(per_step)],
+            seeds_for_step=Tasks(env.id, env.seed_offset, scheduler.prompts_per_step, env.max_turns).fresh,
             sampling_for_step=lambda s: (sampling if sampling.seed is None
                                          else replace(sampling, seed=sampling.seed + s)),
             group_size=scheduler.group_size, concurrency=agent.concurrency, timeout=agent.timeout,

@@ -36,15 +36,17 @@ Determinism: a step's seeds depend only on the run seed, the step and the state 
 with ``(run seed, step)``), and the state only on the outcomes of the steps before it: the scheduler observes each
 rollout before it draws the next step's seeds, in lockstep and in async mode alike (the producer observes its own
 rollouts in order). A step's seeds are drawn once and remembered, so asking again gives the same list. The state after
-each observed step is kept for a while (`HISTORY` steps, and back to the last one saved), so the checkpoint of step s
-holds the state that step s + 1 starts from even when the async producer has run ahead; a resume loads it and, given
-the same outcomes, draws exactly the seeds the uninterrupted run drew.
+each of the last `HISTORY` observed steps is kept (an async producer runs at most ``max_staleness + 1`` steps ahead of
+the trainer, and the run's config keeps that within `HISTORY`), so the checkpoint of step s holds the state that step
+s + 1 starts from even when the producer has run ahead; a resume loads it and, given the same outcomes, draws exactly
+the seeds the uninterrupted run drew.
 
 Departures: ScalingInter-RL grows the horizon in phases of a fixed step count; here the phases are any step schedule.
 "success" reads the idea of online difficulty filtering (keep what the policy solves sometimes) as a sampling weight
 rather than a filter: the filter is dynamic sampling's job (`agentrl.rollout.refill`). With the refill on, the
 curriculum observes every group the step drew, kept or not, and the refill's extra tasks of a level policy are drawn
-at levels as the step's own (`Curriculum.refill_seed`).
+at levels as the step's own (`Curriculum.refill_seed`); "success" over a task pool refuses the refill (its extra tasks
+are new seeds, outside the pool).
 """
 
 from __future__ import annotations
@@ -60,16 +62,16 @@ from typing import Any
 import numpy as np
 
 from agentrl.envs.difficulty import Difficulty
-from agentrl.records import Trajectory
+from agentrl.records import Trajectory, group_by_id
 
-__all__ = ["CURRICULA", "CurriculumSpec", "Curriculum", "CurriculumError", "Tasks", "UniformOptions",
+__all__ = ["CURRICULA", "HISTORY", "CurriculumSpec", "Curriculum", "CurriculumError", "Tasks", "UniformOptions",
            "SuccessOptions", "DifficultyOptions", "HorizonOptions", "curriculum_options", "check_env", "check_run"]
 
 log = logging.getLogger(__name__)
 
 HISTORY = 256
 """Steps of remembered seeds and states kept behind the newest (an async producer runs at most `max_staleness` + 1
-steps ahead of the trainer)."""
+steps ahead of the trainer; the run's config keeps `max_staleness` below this)."""
 _SALT = 0x63757272  # "curr": the curriculum's draws stay apart from other users of the run seed
 _REFILL_SALT = 0x72666C6C  # "rfll": the levels of the refill's extra tasks
 
@@ -343,7 +345,10 @@ class SuccessPolicy(Policy):
         return [levels.task_seed(seed, int(k)) for seed, k in zip(self.tasks.fresh(step), rng.choice(len(p), n, p=p))]
 
     def refill_seed(self, step: int, j: int, seed: int, rng: np.random.Generator) -> int:
-        """Over levels: the extra task at a level drawn as the step's own; over a pool: as is."""
+        """Over levels: the extra task at a level drawn as the step's own; over a pool: as is.
+
+        The run's config refuses a refill with a pool: its extra tasks would be new seeds, outside the pool.
+        """
         if self.opts.over == "task":
             return seed
         return self.tasks.levels.task_seed(seed, int(rng.choice(len(self.tasks.levels.levels), p=self.probabilities())))
@@ -530,10 +535,7 @@ def check_run(name: str, opts: Any, *, prompts_per_step: int, max_turns: int) ->
 
 def _groups(trajectories: Sequence[Trajectory]) -> list[Group]:
     """One `Group` per group id, in order of first appearance: its seed and the share of successes."""
-    members: dict[int, list[Trajectory]] = {}
-    for t in trajectories:
-        members.setdefault(t.group_id, []).append(t)
-    return [Group(ts[0].seed, sum(t.success for t in ts) / len(ts)) for ts in members.values()]
+    return [Group(ts[0].seed, sum(t.success for t in ts) / len(ts)) for ts in group_by_id(trajectories).values()]
 
 
 class Curriculum:
@@ -581,8 +583,6 @@ class Curriculum:
                 for old in [s for s in self._seeds if s < step - HISTORY]:
                     del self._seeds[old]
             return list(self._seeds[step])
-
-    __call__ = seeds
 
     def refill_seed(self, step: int, j: int, seed: int) -> int:
         """The refill's `j`-th extra task of `step` (plain seed `seed`) as the policy plays it.

@@ -16,8 +16,9 @@ bias the group-mean advantage). Every retry and drop is counted in `RolloutStats
 
 Judged rewards (``judge``, `agentrl.rewards.judge`): each finished episode goes to the judge on its thread pool while
 the loop plays on; the episode counts as done when its score lands. An episode whose score could not be obtained
-(after the judge's own retries, or past its budget) is not re-run (the env did its part) and is never scored 0: its
-group is dropped whole, counted in ``judge_failures`` and ``dropped_groups``, and the failure logged.
+(after the judge's own retries) is not re-run (the env did its part) and is never scored 0: its group is dropped
+whole, counted in ``judge_failures`` and ``dropped_groups``, and the failure logged. Past the judge's budget every
+later episode would fail alike, so the first episode past it ends the rollout with `JudgeBudgetSpent` (the run stops).
 
 Determinism: with a deterministic engine (greedy decoding, or any engine whose output depends only on the prompt)
 the trajectories for given seeds do not depend on the number of runners. A sampling engine whose random stream
@@ -44,7 +45,7 @@ from agentrl.chat.roundtrip import check_roundtrip
 from agentrl.engine.base import EngineRequest, EngineResult, RequestEngine, SamplingParams
 from agentrl.records import Trajectory, Turn
 from agentrl.rewards.combine import CombinedReward
-from agentrl.rewards.judge import JudgeFailure, JudgeReward
+from agentrl.rewards.judge import JudgeBudgetSpent, JudgeFailure, JudgeReward
 from agentrl.rollout.pool import Completion, EnvFailure, LocalPool, RayPool, StepResult
 
 __all__ = ["run_rollout", "RolloutStream", "PendingTurn", "RolloutResult", "RolloutStats", "RolloutInterrupted",
@@ -156,8 +157,9 @@ class RolloutStats:
             `dropped_groups` too).
         failures: one line per failure (kind, seed, message), oldest first.
         seconds: wall time of the whole rollout.
-        engine: the engine's own metrics for this rollout (weight-sync seconds, prefix-cache hit rate), filled in
-            by the scheduler.
+        engine: the scheduler's numbers for this rollout, filled in by it: the engine's own metrics (weight-sync
+            seconds, prefix-cache hit rate) and those of the step's schedule (dynamic sampling's refill counters,
+            the curriculum's metrics, partial rollouts' carried groups and turn staleness); all go to metrics.jsonl.
         judge: the judge's counters for this rollout (`agentrl.rewards.judge.JudgeCounts.metrics`: calls, cache hits,
             retries, tokens, ...); empty without a judge.
     """
@@ -264,6 +266,7 @@ def run_rollout(
 
     Raises:
         RolloutInterrupted: Ctrl-C; it carries the groups that had finished.
+        JudgeBudgetSpent: the judge's budget ran out (`agentrl.rewards.judge`; a stream's `run` raises it too).
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -300,9 +303,10 @@ class RolloutStream:
                  judge: JudgeReward | None = None):
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        # No groups yet: `add` numbers each step's groups and picks their screenshots.
         settings = _Settings(env_id, group_size, sampling, max_turns, max_context_tokens, None, chat_kwargs,
-                             max_episode_retries, dict(context_options or {}), tuple(max_new_tokens_by_turn), 0, 0,
-                             judge)
+                             max_episode_retries, dict(context_options or {}), tuple(max_new_tokens_by_turn),
+                             screenshots=0, first_group=0, judge=judge)
         self._rollout = _Rollout(pool, engine, tokenizer, [], settings, on_progress)
 
     def add(self, seeds: Sequence[int], first_group: int, *, sampling: SamplingParams | None = None,
@@ -594,6 +598,8 @@ class _Rollout:
             try:
                 score = future.result()
             except JudgeFailure as e:
+                if e.kind == "over_budget":  # every episode from now on would drop its group: stop, not roll on
+                    raise JudgeBudgetSpent(e) from None
                 self.stats.judge_failures += 1
                 line = f"judge_{e.kind} (group {ep.group_id}, seed {ep.seed}, episode {ep.index}): {e}"
                 self.stats.failures.append(line)

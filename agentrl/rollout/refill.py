@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentrl.records import Trajectory
+from agentrl.records import Trajectory, group_by_id
 from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats
 
 __all__ = ["Refill", "fill_step", "is_mixed", "merge_stats"]
@@ -78,23 +78,20 @@ def is_mixed(group: Sequence[Trajectory]) -> bool:
 def merge_stats(a: RolloutStats, b: RolloutStats) -> RolloutStats:
     """The counters of two rollouts as one.
 
-    Numbers add (wall times too: the rounds run one after another), lists append, dicts merge.
+    Numbers add (wall times too: the rounds run one after another), lists append. Of the dicts, ``judge`` holds
+    counters, which add key by key; ``engine`` holds rates and gauges (a prefix-cache hit rate does not add), where
+    `b`'s value stands.
     """
     merged = {}
     for f in dataclasses.fields(RolloutStats):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, (int, float, list)):
             merged[f.name] = x + y
+        elif f.name == "judge":
+            merged[f.name] = {k: x.get(k, 0.0) + y.get(k, 0.0) for k in {**x, **y}}
         else:
             merged[f.name] = {**x, **y} if isinstance(x, dict) else y
     return RolloutStats(**merged)
-
-
-def _groups(trajectories: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
-    groups: dict[int, list[Trajectory]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group_id, []).append(t)
-    return groups
 
 
 def _round_size(target: int, drawn: int, mixed: int, left: int) -> int:
@@ -124,7 +121,7 @@ def fill_step(step: int, first_seeds: Sequence[int], draw: Draw, refill: Refill)
     trajectories, stats = list(result.trajectories), result.stats
     drawn, rounds = target, 1
     while True:
-        groups = _groups(trajectories)
+        groups = group_by_id(trajectories)
         mixed = sum(is_mixed(g) for g in groups.values())
         left = refill.max_tasks - drawn
         if mixed >= target or left <= 0:

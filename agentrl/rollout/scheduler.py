@@ -47,10 +47,10 @@ from typing import Any
 
 from agentrl.config import ContextConfig, EnvConfig, RunnersConfig, SchedulerConfig
 from agentrl.engine.base import RequestEngine, SamplingParams
-from agentrl.records import Trajectory, save_trajectories
+from agentrl.records import Trajectory, group_by_id, save_trajectories
 from agentrl.rewards.judge import JudgeReward
 from agentrl.rollout.buffer import FreshnessBuffer
-from agentrl.rollout.curriculum import Curriculum
+from agentrl.rollout.curriculum import Curriculum, Tasks
 from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats, RolloutStream, run_rollout
 from agentrl.rollout.partial import mask_stale_turns, turn_staleness_metrics
 from agentrl.rollout.pool import EnvMaker, make_pool
@@ -150,7 +150,6 @@ class RolloutScheduler:
         (`agentrl.rollout.curriculum.Curriculum`) draws the tasks instead: its "uniform" policy is the rule above, seed
         for seed; a level policy plays the refill's extra tasks at levels too.
         """
-        per_step = scheduler.prompts_per_step
         refill = (Refill(scheduler.max_tasks, lambda s, j: env.seed_offset + scheduler.refill_seed(s, j))
                   if scheduler.refills else None)
         if refill is not None and curriculum is not None:
@@ -158,8 +157,8 @@ class RolloutScheduler:
             refill = Refill(refill.max_tasks, lambda s, j: curriculum.refill_seed(s, j, plain(s, j)))
         return cls(
             env.id, env.kwargs, engine, weights, tokenizer,
-            seeds_for_step=(curriculum.seeds if curriculum is not None
-                            else lambda s: [env.seed_offset + s * per_step + i for i in range(per_step)]),
+            seeds_for_step=(curriculum.seeds if curriculum is not None  # "uniform" is the same rule, seed for seed
+                            else Tasks(env.id, env.seed_offset, scheduler.prompts_per_step, env.max_turns).fresh),
             sampling_for_step=lambda s: (sampling if sampling.seed is None
                                          else replace(sampling, seed=sampling.seed + s)),
             group_size=scheduler.group_size, runners=runners.count, runner_actors=runners.actors,
@@ -309,10 +308,7 @@ class RolloutScheduler:
                 if self._stop.is_set():
                     return
                 result = self._collect(step)
-                groups: dict[int, list[Trajectory]] = {}
-                for traj in result.trajectories:
-                    groups.setdefault(traj.group_id, []).append(traj)
-                for members in groups.values():
+                for members in group_by_id(result.trajectories).values():
                     self.buffer.put(members)
                 with self._cond:
                     self._produced[step] = result.stats
@@ -367,10 +363,7 @@ class RolloutScheduler:
                 if self.judge is not None:
                     now = self.judge.counts()
                     result.stats.judge, judged = (now - judged).metrics(), now
-                groups: dict[int, list[Trajectory]] = {}
-                for traj in result.trajectories:
-                    groups.setdefault(traj.group_id, []).append(traj)
-                for members in groups.values():
+                for members in group_by_id(result.trajectories).values():
                     self.buffer.put(members)
                 with self._cond:
                     self._produced[step] = result.stats

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentrl.records import group_by_id
 from agentrl.trackers.base import Table
 
 __all__ = ["TRANSCRIPT_CHARS", "transcript", "trajectory_table", "eval_summary", "eval_table"]
@@ -26,9 +27,7 @@ def transcript(trajectory: Any) -> str:
 
 def trajectory_table(trajectories: Sequence[Any], limit: int) -> Table:
     """Up to `limit` episodes, one per group in turn (so a small table still spans the step's tasks)."""
-    groups: dict[int, list[Any]] = {}
-    for traj in trajectories:
-        groups.setdefault(traj.group_id, []).append(traj)
+    groups = group_by_id(trajectories)
     picked = [t for rank in itertools.zip_longest(*groups.values()) for t in rank if t is not None][:limit]
     columns = ("step", "group", "seed", "policy_version", "return", "success", "turns", "tokens", "transcript")
     rows = tuple((t.train_step if t.train_step is not None else t.policy_version, t.group_id, t.seed,

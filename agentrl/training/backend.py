@@ -175,12 +175,17 @@ class LossResult:
         loss_tokens: loss tokens in the micro-batch (the weight of its metrics in the step's means).
         finite: False when the loss was NaN or infinite (the optimizer step must not run).
         logp: the live log-probs `[n, T]`, only when the loss was not finite (to save the bad batch).
+        routes_agreed: under Routing Replay, the (token, layer) pairs where the live router's top-k expert set
+            equalled the replayed one (`agentrl.training.routing_replay.ReplayAgreement`); 0 when routed live.
+        routes_compared: the (token, layer) pairs compared (replayed ones: padding and last tokens route live).
     """
 
     metrics: dict[str, float]
     loss_tokens: float
     finite: bool = True
     logp: torch.Tensor | None = None
+    routes_agreed: float = 0.0
+    routes_compared: float = 0.0
 
 
 class TrainingBackend(Protocol):

@@ -13,6 +13,11 @@ Under replay only the expert *indices* are fixed. The gate weights are recompute
 the fixed experts (softmax over the full logits, gathered at the replayed experts, renormalised when the model's
 `norm_topk_prob` is set, exactly Qwen3-MoE's own formula), so gradients still reach the router.
 
+While replaying, the live router's own top-k choice is in hand anyway: `replay()` counts how often it picks the same
+expert SET as the replayed one (`ReplayAgreement`, the `router_agreement` definition), which tells how far the
+training router has drifted from the routes it is made to follow (R3: the rollout's, R2: the pi_old pass's). It reads
+the router's output and changes nothing in the forward or the backward.
+
 Works on HF transformers 5.x Qwen3-MoE style routers: a module with `top_k`, `num_experts`, `norm_topk_prob` whose
 forward takes flattened hidden states `[tokens, H]` and returns `(router_logits, topk_weights, topk_indices)`
 (`Qwen3MoeTopKRouter`, at `model.layers[i].mlp.gate`). Replay is a stateless lookup by layer, so with gradient
@@ -36,13 +41,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from agentrl.training.backend import Scored, ScoreRequest, UpdateRequest
+from agentrl.training.backend import LossResult, Scored, ScoreRequest, UpdateRequest
 
-__all__ = ["RoutingReplay", "RouteRecording", "GenerationRouteRecording", "pack_routes", "router_agreement",
-           "RoutingStrategy", "DenseRouting", "LiveRouting", "R2Routing", "R3Routing", "routing_strategy",
-           "RoutingReplayError"]
+__all__ = ["RoutingReplay", "RouteRecording", "GenerationRouteRecording", "ReplayAgreement", "pack_routes",
+           "router_agreement", "RoutingStrategy", "DenseRouting", "LiveRouting", "R2Routing", "R3Routing",
+           "routing_strategy", "RoutingReplayError", "REPLAY_AGREEMENT"]
 
 LIVE = -1  # route entry meaning "use the router's own choice here"
+
+REPLAY_AGREEMENT = "router_agreement_live_vs_replayed"
+"""The metric of the update passes under replay: the share of (token, layer) pairs where the live router's top-k
+expert set equals the replayed one (R3: the rollout engine's; R2: the pi_old pass's); None when nothing replays."""
 
 
 def route_dtype(num_experts: int) -> torch.dtype:
@@ -112,6 +121,39 @@ class GenerationRouteRecording(RouteRecording):
                                  "tokens generated while recording")  # fmt: skip
             out.append(full[i, padded_len - int(p_len) : end].clone())  # [p_len + g_len - 1, L, K]
         return out
+
+
+@dataclass
+class ReplayAgreement:
+    """How often the live router chose the replayed experts, counted during one `RoutingReplay.replay()` context.
+
+    The `router_agreement` definition: a (token, layer) pair agrees when the live router's top-k expert SET equals the
+    replayed one; pairs whose replayed entry keeps the live choice (-1: padding, a sequence's last token) are not
+    compared. Each forward call counts once: a gradient-checkpointing recompute in the backward is not counted again.
+
+    Attributes:
+        agreed: pairs that agree (a 0-dim tensor on the forward's device while counting, so no layer waits on the
+            device; `counts` reads it).
+        compared: pairs compared.
+    """
+
+    agreed: Tensor | float = 0.0
+    compared: Tensor | float = 0.0
+
+    def add(self, same: Tensor, valid: Tensor) -> None:
+        """Count one layer of one forward: `same` / `valid` are bool `[tokens]`."""
+        self.agreed = self.agreed + (same & valid).sum()
+        self.compared = self.compared + valid.sum()
+
+    def counts(self) -> tuple[float, float]:
+        """`(agreed, compared)` as floats."""
+        return float(self.agreed), float(self.compared)
+
+    @property
+    def fraction(self) -> float | None:
+        """`agreed / compared`, or None when nothing was compared."""
+        agreed, compared = self.counts()
+        return agreed / compared if compared else None
 
 
 class RoutingReplay:
@@ -189,14 +231,17 @@ class RoutingReplay:
     # -- replay ------------------------------------------------------------------------------------------------------
 
     @contextmanager
-    def replay(self, routes: Tensor) -> Iterator[None]:
+    def replay(self, routes: Tensor, *, measure: bool = True) -> Iterator[ReplayAgreement]:
         """Route every token through the experts in `routes`, with gate weights from the live router logits.
 
-        Use it around the forward AND the backward (gradient checkpointing recomputes the forward in backward).
+        Use it around the forward AND the backward (gradient checkpointing recomputes the forward in backward). The
+        yielded `ReplayAgreement` counts how often the live router's own top-k matched the replayed experts.
 
         Args:
             routes: `[N, S', L, K]` integer expert indices, S' <= S of the forward's input (missing trailing
                 positions and -1 entries keep the live choice). uint8 routes cannot hold -1: they replay fully.
+            measure: count the agreement (False leaves the `ReplayAgreement` at 0; the routing is the same either
+                way).
 
         Raises:
             ValueError: on a shape that does not match the model or the forward's input, or an expert index out
@@ -210,10 +255,12 @@ class RoutingReplay:
         routes = routes.to(torch.long)
         if (routes >= self.num_experts).any():
             raise ValueError(f"routes hold expert indices >= num_experts={self.num_experts}")
-        current: dict[str, tuple[int, int]] = {}
+        current: dict[str, Any] = {}
+        agreement = ReplayAgreement()
 
         def on_model_call(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             current["shape"] = _input_shape(args, kwargs)
+            current["measured"] = set()  # the layers this call has counted
 
         def make_gate_hook(layer: int):
             def on_gate(module: nn.Module, _inputs: tuple, output: tuple) -> tuple[Tensor, Tensor, Tensor]:
@@ -223,12 +270,18 @@ class RoutingReplay:
                 use_live = (replayed < 0).any(dim=-1, keepdim=True)  # [N*S, 1]
                 idx = torch.where(use_live, live_idx, replayed.clamp(min=0))  # [N*S, K]
                 weights = replay_gate_weights(logits, idx, module.norm_topk_prob)  # [N*S, K]
+                # A gradient-checkpointing recompute runs the router again for the same call: count the first.
+                if measure and layer not in current["measured"]:
+                    current["measured"].add(layer)
+                    with torch.no_grad():  # integer indices only: nothing here reaches the graph
+                        same = (live_idx.sort(dim=-1).values == idx.sort(dim=-1).values).all(dim=-1)  # [N*S]
+                        agreement.add(same, ~use_live[:, 0])
                 return logits, weights, idx
 
             return on_gate
 
         with self._hooks(on_model_call, make_gate_hook):
-            yield
+            yield agreement
 
     @contextmanager
     def _hooks(self, on_model_call, make_gate_hook) -> Iterator[None]:
@@ -362,11 +415,23 @@ def _fit_routes(layer_routes: Tensor, n: int, s: int) -> Tensor:
 # * `R2Routing`: record the training router's experts in the pi_old pass, replay them in every update.
 # * `R3Routing`: replay the experts the inference engine chose at rollout, in the pi_old pass and every update.
 #
-# The loop calls `score_request` / `scored` for every micro-batch of the pi_old pass and `update_request` for every
-# micro-batch of the updates; the strategy keeps what it needs between the two (R2's recorded routes) for one step.
+# The loop calls `score_request` / `scored` for every micro-batch of the pi_old pass, `update_request` for every
+# micro-batch of the updates and `updated` with each one's result; the strategy keeps what it needs between them (R2's
+# recorded routes, the agreement counts) for one step.
 # Routes cross the backend laid out like the micro-batch's forward input (`MicroBatch.forward_layout`: padded rows, or
 # one packed row), and are kept per sample in between, so the pi_old pass and the updates may group the samples into
 # different micro-batches, packed or not.
+#
+# Metrics of an MoE run (`metrics()`), both the share of (token, layer) pairs whose top-k expert SETS agree, padding
+# and each sequence's last token left out (`router_agreement` the function):
+# * `router_agreement`: the training router in the pi_old pass vs the rollout engine (none and R2, when the engine
+#   returned its experts; the mean over micro-batches, weighted by their samples); None under R3, whose pi_old pass
+#   replays the engine's experts.
+# * `router_agreement_live_vs_replayed` (`REPLAY_AGREEMENT`): in the update passes, the live router's own top-k vs
+#   the experts replayed (R3: the rollout engine's, R2: the pi_old pass's), pooled over all the step's update passes:
+#   how far the router being trained has drifted from the routes it is made to follow. None when routed live.
+#   Under R3 its first mini-batch reads what `router_agreement` reads under none (training router vs engine, same
+#   weights), except that the layers before each router ran the replayed experts instead of the live ones.
 
 
 
@@ -395,6 +460,7 @@ class DenseRouting:
 
     def begin_step(self, num_samples: int) -> None:
         """Forget the previous step."""
+        self.replay_agreed, self.replay_compared = 0.0, 0.0
 
     def score_request(self, indices: Sequence[int], samples: Sequence, batch) -> ScoreRequest:
         """The pi_old request of the micro-batch holding `samples` (sample `indices` of the step)."""
@@ -408,8 +474,17 @@ class DenseRouting:
         """The update request of the micro-batch holding `samples` (`old_logp` None: the pass's own, detached)."""
         return UpdateRequest(batch, old_logp)
 
+    def updated(self, result: LossResult) -> None:
+        """Take note of a micro-batch's update pass: how often its live router agreed with the replayed experts."""
+        self.replay_agreed += result.routes_agreed
+        self.replay_compared += result.routes_compared
+
+    def replay_agreement(self) -> float | None:
+        """The step's update passes: agreed / compared (live vs replayed experts), None when nothing replayed."""
+        return self.replay_agreed / self.replay_compared if self.replay_compared else None
+
     def metrics(self) -> dict[str, float | None]:
-        """The step's routing metrics."""
+        """The step's routing metrics (a dense model: none)."""
         return {"router_agreement": None}
 
 
@@ -420,6 +495,7 @@ class LiveRouting(DenseRouting):
 
     def begin_step(self, num_samples: int) -> None:
         """Forget the previous step's routes and agreement."""
+        super().begin_step(num_samples)
         self.train_routes: list[torch.Tensor | None] = [None] * num_samples
         self.agree_sum, self.agree_n = 0.0, 0
 
@@ -438,8 +514,14 @@ class LiveRouting(DenseRouting):
             self.agree_n += len(samples)
 
     def metrics(self) -> dict[str, float | None]:
-        """Mean fraction of (token, layer) expert sets on which the training and rollout routers agree."""
-        return {"router_agreement": self.agree_sum / self.agree_n if self.agree_n else None}
+        """The step's routing metrics.
+
+        `router_agreement`: the mean fraction of (token, layer) expert sets on which the training router (pi_old pass)
+        and the rollout's agree; `REPLAY_AGREEMENT`: the live router vs the replayed experts in the updates (R2; None
+        when routed live).
+        """
+        return {"router_agreement": self.agree_sum / self.agree_n if self.agree_n else None,
+                REPLAY_AGREEMENT: self.replay_agreement()}
 
 
 class R2Routing(LiveRouting):
@@ -460,6 +542,14 @@ class R3Routing(DenseRouting):
     def update_request(self, indices, samples, batch, old_logp) -> UpdateRequest:
         """Replay the rollout's experts in the update."""
         return UpdateRequest(batch, old_logp, _rollout_routes(samples, batch))
+
+    def metrics(self) -> dict[str, float | None]:
+        """The step's routing metrics.
+
+        `REPLAY_AGREEMENT`: how often the live router in the updates chose the rollout engine's experts;
+        `router_agreement` is None (the pi_old pass replays those experts).
+        """
+        return {"router_agreement": None, REPLAY_AGREEMENT: self.replay_agreement()}
 
 
 RoutingStrategy = DenseRouting

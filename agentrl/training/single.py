@@ -89,7 +89,7 @@ class MicroBatchPasses:
         """Forward + backward of the objective of one micro-batch; `scale` multiplies the loss before backward."""
         mb = request.batch
         # The backward runs inside the replay too: gradient checkpointing recomputes the routing there.
-        with self._routing(request.replay_routes):
+        with self._routing(request.replay_routes) as agreement:
             logp, entropy = self.logprobs(self.model, mb, with_entropy=objective.with_entropy,
                                           entropy_grad=objective.entropy_grad)
             loss, metrics = objective(logp, request, entropy)
@@ -97,7 +97,9 @@ class MicroBatchPasses:
             # and the loop refuses the optimizer step afterwards.
             (loss * scale).backward()
         finite = bool(torch.isfinite(loss))
-        return LossResult(metrics, float(mb.loss_mask.sum()), finite, None if finite else logp.detach())
+        agreed, compared = agreement.counts() if agreement is not None else (0.0, 0.0)  # None: routed live
+        return LossResult(metrics, float(mb.loss_mask.sum()), finite, None if finite else logp.detach(),
+                          routes_agreed=agreed, routes_compared=compared)
 
     def idle_backward(self, request: UpdateRequest) -> None:
         """A forward + backward that adds nothing to the gradient.

@@ -16,6 +16,7 @@ micro-batch size nor the number of trainer workers changes the gradient.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -133,10 +134,12 @@ def as_trained(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
     """The trajectories as step `step` trains them: recording the step, with group ids unique within the step.
 
     A rollout numbers its groups from 0, so a step that trains on rollouts of several policy versions (async mode)
-    would otherwise merge unrelated groups in the advantage baseline and the mini-batch split.
+    would otherwise merge unrelated groups in the advantage baseline and the mini-batch split; two rollouts of the same
+    version can meet too (async mode, when a step lost a group to the staleness bound and takes one of the next
+    step's), so a group is its (version, id, task seed). A group's episodes share all three.
     """
-    ids: dict[tuple[int, int], int] = {}
-    return [replace(t, train_step=step, group_id=ids.setdefault((t.policy_version, t.group_id), len(ids)))
+    ids: dict[tuple[int, int, int], int] = {}
+    return [replace(t, train_step=step, group_id=ids.setdefault((t.policy_version, t.group_id, t.seed), len(ids)))
             for t in trajectories]
 
 
@@ -201,17 +204,45 @@ def overlong_config(loss: LossConfig, budget: int) -> OverlongConfig:
                           f"loss.overlong.cache_length to at most that)") from None
 
 
+def unmasked(traj: Trajectory) -> Trajectory:
+    """`traj` as if none of its turns were stale (`Turn.stale`): every generated token counts.
+
+    The KL reward penalty sums over these tokens: the stale mask is the loss's, and an episode's penalised return must
+    not depend on how late its turns were trained.
+    """
+    if not any(turn.stale for turn in traj.turns):
+        return traj
+    return replace(traj, turns=tuple(replace(turn, stale=False) for turn in traj.turns))
+
+
+def layout_indices(parts: list[Sample], layout: list[Sample], start: int) -> list[int]:
+    """Where one episode's training samples `parts` lie among the samples the reference scored.
+
+    `layout` is that episode's samples with stale turns unmasked (`unmasked`), in the same order, the first at index
+    `start`; `parts` leaves out those that only stale turns would train, so each part is the next layout sample with
+    its token ids.
+    """
+    out, i = [], 0
+    for part in parts:
+        while layout[i].input_ids != part.input_ids:
+            i += 1
+        out.append(start + i)
+        i += 1
+    return out
+
+
 def kl_penalty_per_trajectory(trajectories: list[Trajectory], ref_logp: dict[int, torch.Tensor],
                               loss: LossConfig) -> torch.Tensor:
     """The KL reward penalty of every trajectory `[N_traj]`: coef * sum_t k(log mu, log pi_ref) over its tokens.
 
-    `ref_logp` is indexed like the samples `trajectory_to_samples` makes of the trajectories, in order. The rollout's
-    own log-probs stand for the sampling policy (pi_old = mu up to the training-inference mismatch).
+    Every generated token counts, those of stale turns too: `ref_logp` is indexed like the samples
+    `trajectory_to_samples` makes of the `unmasked` trajectories, in order. The rollout's own log-probs stand for the
+    sampling policy (pi_old = mu up to the training-inference mismatch).
     """
     penalties, index = [], 0
     for traj in trajectories:
         total = 0.0
-        for s in trajectory_to_samples(traj, 0.0, per_turn=loss.per_turn_samples):
+        for s in trajectory_to_samples(unmasked(traj), 0.0, per_turn=loss.per_turn_samples):
             mu = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)[None]  # [1, T]
             mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)[None]  # [1, T]
             total += float(kl_reward_penalty(mu, ref_logp[index][None], mask, loss.kl_reward_coef,
@@ -316,16 +347,17 @@ class TrainingStep:
 
         One advantage per turn (equal within an episode for the episode-level estimators, per step for GiGPO). With a
         reference model, it scores the sampled tokens first, and with a KL reward penalty each episode's reward pays
-        coef * sum_t k(mu, pi_ref) before the advantages.
+        coef * sum_t k(mu, pi_ref) before the advantages, over every token it generated (stale turns' too).
         """
         L = self.loss
         rewards = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)  # [N_traj]
         ref_logp: dict[int, torch.Tensor] = {}
+        layout: list[list[Sample]] = []  # per episode, its samples with stale turns unmasked: what the reference scores
         extra: dict[str, float] = {}
         if self.reference is not None:
             # The samples' token layout does not depend on the advantages: score it before they exist.
-            layout = [s for t in trajectories for s in trajectory_to_samples(t, 0.0, per_turn=L.per_turn_samples)]
-            ref_logp = self.reference_logprobs(layout)
+            layout = [trajectory_to_samples(unmasked(t), 0.0, per_turn=L.per_turn_samples) for t in trajectories]
+            ref_logp = self.reference_logprobs([s for parts in layout for s in parts])
             extra["ref_model_bytes"] = self.reference.memory_bytes
         if L.kl_reward_coef > 0:
             penalty = kl_penalty_per_trajectory(trajectories, ref_logp, L)  # [N_traj]
@@ -334,13 +366,18 @@ class TrainingStep:
         trajectories, in_loss = overlong_and_dynamic_sampling(trajectories, L, self.per_turn_budget, extra)
         samples: list[Sample] = []
         origins: list[tuple[int, int]] = []
+        trained_ref: dict[int, torch.Tensor] = {}  # the loss's: by training sample (the filters left episodes out)
+        starts = list(itertools.accumulate(map(len, layout), initial=0))
         advantages = turn_advantages(self.advantage.estimator, trajectories, self.advantage.options)
         for k, (traj, adv, keep) in enumerate(zip(trajectories, advantages, in_loss)):
             if keep:
                 parts = trajectory_to_samples(traj, adv, per_turn=L.per_turn_samples)
+                if ref_logp:
+                    at = layout_indices(parts, layout[k], starts[k])
+                    trained_ref |= {len(samples) + j: ref_logp[i] for j, i in enumerate(at)}
                 samples += parts
                 origins += [(k, j) for j in range(len(parts))]
-        return StepSamples(samples, rewards, ref_logp, extra, origins)
+        return StepSamples(samples, rewards, trained_ref, extra, origins)
 
     @torch.no_grad()
     def reference_logprobs(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
@@ -394,6 +431,7 @@ class TrainingStep:
                                 "old_logp": request.old_logp, "metrics": result.metrics}, bad)
                     raise TrainingError(f"non-finite loss ({result.metrics.get('loss')}) at step {step}; the batch "
                                         f"is saved in {bad}")
+                self.routing.updated(result)
             results += done
             norm = self.backend.step(self.optim.grad_clip)
             if math.isfinite(norm):

@@ -63,10 +63,12 @@ from bench.harness import RESULTS, ROOT, agentrl_command, command_line, load_1m,
 ENV = "bench/studies/token_band_env.py:TokenBandEnv"
 """The env as a user names a file of their own (relative to the repository root, where every command runs)."""
 ARMS = ["none", "r2", "r3"]
-PER_STEP = ("reward_mean", "success_rate", "router_agreement", "kl_k3", "mismatch_kl_k3", "grad_norm", "entropy",
+PER_STEP = ("reward_mean", "success_rate", "router_agreement", "router_agreement_live_vs_replayed", "kl_k3",
+            "mismatch_kl_k3", "grad_norm", "entropy",
             "clip_frac", "is_weight_max", "correction_truncated_frac", "staleness_mean", "response_tokens_mean",
             "step_seconds", "rollout_seconds")
 CURVES = (("reward_mean", "train reward"), ("router_agreement", "router agreement (engine vs pi_old)"),
+          ("router_agreement_live_vs_replayed", "router agreement (live vs replayed, r2/r3)"),
           ("kl_k3", "KL(mu || pi_old), k3, all samples"), ("mismatch_kl_k3", "KL(mu || pi_old), k3, fresh samples"),
           ("grad_norm", "gradient norm"), ("entropy", "entropy"), ("clip_frac", "clip fraction"))
 COLORS = {"none": "C3", "r2": "C1", "r3": "C0"}
