@@ -172,3 +172,26 @@ def write_json(path: Path, data: Any, *, indent: int = 1, end: str = "", **dumps
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=indent, **dumps) + end)
     return path
+
+
+def held_out_by_run(runs: Path, records: Iterable[dict], value: str = "success") -> dict[str, dict[int, dict]]:
+    """Per arm and run seed, each held-out task's mean `value` (``success`` or ``reward``) from the run's eval folder.
+
+    `records` are a study's run records (``arm`` and ``seed`` keys), each evaluated into ``runs/seed<S>/<arm>/eval``
+    by ``agentrl eval``; a run not evaluated yet is left out. What the run-level bootstrap
+    (`agentrl.passk.run_level_bootstrap_difference`) compares: ``{arm: {seed: {task seed: mean}}}``.
+    """
+    import statistics
+
+    from agentrl.recipes.evaluate import load_results
+
+    by_arm: dict[str, dict[int, dict]] = {}
+    for r in records:
+        folder = runs / f"seed{r['seed']}" / r["arm"] / "eval"
+        if not (folder / "results.json").exists():
+            continue
+        per_task: dict[int, list[float]] = {}
+        for row in load_results(folder)["episodes"]:
+            per_task.setdefault(row["task"], []).append(float(row[value]))
+        by_arm.setdefault(r["arm"], {})[r["seed"]] = {t: statistics.fmean(v) for t, v in sorted(per_task.items())}
+    return by_arm

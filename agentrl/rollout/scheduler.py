@@ -307,17 +307,24 @@ class RolloutScheduler:
                         self._cond.wait(0.5)
                 if self._stop.is_set():
                     return
-                result = self._collect(step)
-                for members in group_by_id(result.trajectories).values():
-                    self.buffer.put(members)
-                with self._cond:
-                    self._produced[step] = result.stats
-                    self._cond.notify_all()
+                self._publish(step, self._collect(step))
                 step += 1
-        except BaseException as e:  # surfaces in the trainer thread at its next `rollout`
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+        except BaseException as e:
+            self._fail(e)
+
+    def _publish(self, step: int, result: RolloutResult) -> None:
+        """Hand step `step`'s groups to the buffer and its counters to the trainer thread waiting in `rollout`."""
+        for members in group_by_id(result.trajectories).values():
+            self.buffer.put(members)
+        with self._cond:
+            self._produced[step] = result.stats
+            self._cond.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        """Keep the producer's error: it surfaces in the trainer thread at its next `rollout`."""
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
 
     def _produce_partial(self) -> None:
         """Partial rollouts (`agentrl.rollout.partial`): one stream of episodes, a step's rollout its first groups."""
@@ -363,16 +370,10 @@ class RolloutScheduler:
                 if self.judge is not None:
                     now = self.judge.counts()
                     result.stats.judge, judged = (now - judged).metrics(), now
-                for members in group_by_id(result.trajectories).values():
-                    self.buffer.put(members)
-                with self._cond:
-                    self._produced[step] = result.stats
-                    self._cond.notify_all()
+                self._publish(step, result)
                 step += 1
-        except BaseException as e:  # surfaces in the trainer thread at its next `rollout`
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+        except BaseException as e:
+            self._fail(e)
 
     def _take(self, step: int) -> RolloutResult:
         if self.stop_step is not None and step >= self.stop_step:

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repository root, for bench.harness
-from bench.harness import RESULTS, ROOT, command_line, load_1m, write_json  # noqa: E402
+from bench.harness import RESULTS, ROOT, command_line, held_out_by_run, load_1m, write_json  # noqa: E402
 from bench.studies.mismatch_study import run_arm  # noqa: E402
 
 ARMS = ["minirl_tis@1", "minirl_nois@1", "grpo@1", "minirl_tis@4", "minirl_nois@4", "grpo@4"]
@@ -39,27 +39,12 @@ CURVES = (("success_rate", "train success"), ("mismatch_kl_k3", "mismatch KL(mu 
           ("grad_norm", "gradient norm"), ("entropy", "entropy"))
 
 
-def held_out_per_task(run: Path) -> dict[int, float] | None:
-    """Success per held-out task of one run's eval (task seed -> rate), or None before it is evaluated."""
-    from agentrl.recipes.evaluate import load_results
-
-    if not (run / "eval" / "results.json").exists():
-        return None
-    per_task: dict[int, list[int]] = {}
-    for row in load_results(run / "eval")["episodes"]:
-        per_task.setdefault(row["task"], []).append(int(row["success"]))
-    return {task: statistics.fmean(v) for task, v in sorted(per_task.items())}
-
 
 def compare(records: list[dict], runs: Path, seeds: list[int]) -> dict:
     """Each arm against ``minirl_tis`` at the same `sync_every`, over the seeds both have evaluated."""
     from agentrl.passk import run_level_bootstrap_difference
 
-    by_arm: dict[str, dict[int, dict[int, float]]] = {}
-    for r in records:
-        scores = held_out_per_task(runs / f"seed{r['seed']}" / r["arm"])
-        if scores is not None:
-            by_arm.setdefault(r["arm"], {})[r["seed"]] = scores
+    by_arm = held_out_by_run(runs, records)
     out = {}
     for arm in by_arm:
         objective, sync = arm.split("@")

@@ -58,7 +58,17 @@ import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repository root, for bench.harness
-from bench.harness import RESULTS, ROOT, agentrl_command, command_line, load_1m, read_jsonl, run_logged, write_json  # noqa: E402
+from bench.harness import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    agentrl_command,
+    command_line,
+    held_out_by_run,
+    load_1m,
+    read_jsonl,
+    run_logged,
+    write_json,
+)
 
 ENV = "bench/studies/token_band_env.py:TokenBandEnv"
 """The env as a user names a file of their own (relative to the repository root, where every command runs)."""
@@ -119,27 +129,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict
     return record | walls
 
 
-def held_out_per_task(run: Path) -> dict[int, float] | None:
-    """Reward per held-out task of one run's eval (task seed -> mean reward), or None before it is evaluated."""
-    from agentrl.recipes.evaluate import load_results
-
-    if not (run / "eval" / "results.json").exists():
-        return None
-    per_task: dict[int, list[float]] = {}
-    for row in load_results(run / "eval")["episodes"]:
-        per_task.setdefault(row["task"], []).append(float(row["reward"]))
-    return {task: statistics.fmean(v) for task, v in sorted(per_task.items())}
-
 
 def compare(records: list[dict], runs: Path, seeds: list[int]) -> dict:
     """r2 and r3 against none, and r3 against r2: held-out reward across the training runs both arms evaluated."""
     from agentrl.passk import run_level_bootstrap_difference
 
-    by_arm: dict[str, dict[int, dict[int, float]]] = {}
-    for r in records:
-        scores = held_out_per_task(runs / f"seed{r['seed']}" / r["arm"])
-        if scores is not None:
-            by_arm.setdefault(r["arm"], {})[r["seed"]] = scores
+    by_arm = held_out_by_run(runs, records, "reward")
     out = {}
     for arm, base in (("r2", "none"), ("r3", "none"), ("r3", "r2")):
         both = [s for s in seeds if s in by_arm.get(arm, {}) and s in by_arm.get(base, {})]
