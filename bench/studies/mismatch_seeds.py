@@ -9,7 +9,8 @@ Each arm is the README's first command as shipped (`agentrl run --env math --see
 of 4 tasks x 8 episodes, lr 2e-5, vLLM's CPU build sampling in bfloat16, the trainer in bfloat16 with float32 master
 weights) with one objective (``minirl_tis``, ``minirl_nois``, ``grpo``: see bench/studies/mismatch_study.py) and one
 `sync_every` (1: on-policy; 4: samples up to 3 steps old), for every run seed. Runs go seed by seed (all arms of seed
-0, then seed 1, ...), so a stopped study keeps the arms balanced; a finished run or eval is never redone.
+0, then seed 1, ...), so a stopped study keeps the arms balanced; a finished run or eval is never redone, and a run
+stopped before its last step is run again from the start.
 
 Every checkpoint is evaluated on the 64 held-out tasks of bench/studies/main_job_seeds.py (task seeds from 1,000,000,
 HF engine, `agentrl eval` defaults). The comparison is across training runs: a two-level bootstrap
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -113,6 +115,11 @@ def main() -> None:
                                           episodes=args.episodes, no_eval=False)
             folder = runs / f"seed{seed}"
             folder.mkdir(exist_ok=True)
+            state = folder / arm / "checkpoint" / "trainer_state.json"
+            if state.exists() and json.loads(state.read_text())["step"] + 1 < args.steps:
+                print(f"seed {seed} {arm}: stopped at step {json.loads(state.read_text())['step']}; run again from "
+                      "the start", flush=True)  # the study compares finished runs only
+                shutil.rmtree(folder / arm)
             record = run_arm(arm, arm_args, folder, runs / "log.txt") | {"seed": seed}
             # run_arm's per-step keys, plus the mismatch KL as the run logs it and the policy entropy
             metrics = folder / arm / "metrics.jsonl"
