@@ -218,7 +218,8 @@ def run_level_replicates(runs_a: Sequence[Sequence[float]], runs_b: Sequence[Seq
     of both arms scored on the same tasks in the same order. One replicate draws runs with replacement (the outer
     level: what another set of training seeds would give), then held-out tasks with replacement (the inner level:
     what another draw of tasks would give), and takes the mean over the drawn runs of each run's mean over the drawn
-    tasks. The drawn tasks are the same for both arms (they are the same tasks). `paired_runs` draws the same run
+    tasks. One task draw per replicate serves every run of both arms (they are the same tasks): runs and tasks are
+    crossed, not nested, which is mildly conservative for the run level. `paired_runs` draws the same run
     indices on both sides: right when run r of A and run r of B share a training seed (same tasks, same sampler
     seeds), so that what a seed does to both arms cancels in the difference.
     """

@@ -29,6 +29,7 @@ import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -178,11 +179,10 @@ def held_out_by_run(runs: Path, records: Iterable[dict], value: str = "success")
     """Per arm and run seed, each held-out task's mean `value` (``success`` or ``reward``) from the run's eval folder.
 
     `records` are a study's run records (``arm`` and ``seed`` keys), each evaluated into ``runs/seed<S>/<arm>/eval``
-    by ``agentrl eval``; a run not evaluated yet is left out. What the run-level bootstrap
-    (`agentrl.passk.run_level_bootstrap_difference`) compares: ``{arm: {seed: {task seed: mean}}}``.
+    by ``agentrl eval``; a run not evaluated yet is left out. Tasks are keyed by their env seed, so runs evaluated on
+    different tasks never pair by position. What the run-level bootstrap
+    (`agentrl.passk.run_level_bootstrap_difference`) compares: ``{arm: {run seed: {task seed: mean}}}``.
     """
-    import statistics
-
     from agentrl.recipes.evaluate import load_results
 
     by_arm: dict[str, dict[int, dict]] = {}
@@ -192,6 +192,6 @@ def held_out_by_run(runs: Path, records: Iterable[dict], value: str = "success")
             continue
         per_task: dict[int, list[float]] = {}
         for row in load_results(folder)["episodes"]:
-            per_task.setdefault(row["task"], []).append(float(row[value]))
+            per_task.setdefault(row["seed"], []).append(float(row[value]))
         by_arm.setdefault(r["arm"], {})[r["seed"]] = {t: statistics.fmean(v) for t, v in sorted(per_task.items())}
     return by_arm

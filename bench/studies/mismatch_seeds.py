@@ -2,21 +2,25 @@
 training runs and not only on one run's held-out tasks?
 
     python bench/studies/mismatch_seeds.py                       # the declared study (docs/experiments/issue45.md)
-    python bench/studies/mismatch_seeds.py --smoke               # 1 step per arm, 4 held-out tasks, seeds 0 and 1
+    python bench/studies/mismatch_seeds.py --smoke               # 1 step per arm, 4 held-out tasks, seeds 0 and 1,
+                                                                 # into runs/mismatch_seeds_smoke/
     python bench/studies/mismatch_seeds.py --plot-only           # redraw the figure from the JSON
 
 Each arm is the README's first command as shipped (`agentrl run --env math --seed S`: SmolLM2-135M-Instruct, 20 steps
 of 4 tasks x 8 episodes, lr 2e-5, vLLM's CPU build sampling in bfloat16, the trainer in bfloat16 with float32 master
 weights) with one objective (``minirl_tis``, ``minirl_nois``, ``grpo``: see bench/studies/mismatch_study.py) and one
 `sync_every` (1: on-policy; 4: samples up to 3 steps old), for every run seed. Runs go seed by seed (all arms of seed
-0, then seed 1, ...), so a stopped study keeps the arms balanced; a finished run or eval is never redone, and a run
-stopped before its last step is run again from the start.
+0, then seed 1, ...), so a stopped study keeps the arms balanced; a run or eval that ended is never redone, and a run
+the study itself was stopped in the middle of (no exit code recorded) is run again from the start. Only runs that
+ended with exit code 0 after every step enter the comparison; any other (a collapse-guard stop, a crash) is listed
+under ``not_compared`` with its exit code and last checkpoint.
 
 Every checkpoint is evaluated on the 64 held-out tasks of bench/studies/main_job_seeds.py (task seeds from 1,000,000,
 HF engine, `agentrl eval` defaults). The comparison is across training runs: a two-level bootstrap
 (`agentrl.passk.run_level_bootstrap_difference`: runs drawn with replacement, then held-out tasks drawn with
-replacement, the same tasks for both arms), with runs paired by seed (the primary: arms of one seed share its tasks
-and sampler seeds) and unpaired (reported beside it). Each arm is compared with ``minirl_tis`` at the same
+replacement, one draw shared by every run of both arms: a crossed design), with runs paired by seed (the primary:
+arms of one seed share its sampler and torch seeds; every seed plays the same training tasks) and unpaired (reported
+beside it). Each arm is compared with ``minirl_tis`` at the same
 `sync_every`. The figure shows every seed's curve, not only the means.
 
 Writes docs/results/mismatch_seeds.json and .png; run folders go to runs/mismatch_seeds/seed<S>/<arm>.
@@ -37,7 +41,7 @@ from bench.harness import RESULTS, ROOT, command_line, held_out_by_run, load_1m,
 from bench.studies.mismatch_study import run_arm  # noqa: E402
 
 ARMS = ["minirl_tis@1", "minirl_nois@1", "grpo@1", "minirl_tis@4", "minirl_nois@4", "grpo@4"]
-CURVES = (("success_rate", "train success"), ("mismatch_kl_k3", "mismatch KL(mu || pi_old), k3"),
+CURVES = (("success_rate", "train success"), ("kl_k3", "KL(mu || pi_old), k3, all samples"),
           ("grad_norm", "gradient norm"), ("entropy", "entropy"))
 
 
@@ -94,13 +98,18 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/mismatch_seeds")
     parser.add_argument("--out", default=str(RESULTS / "mismatch_seeds.json"))
     parser.add_argument("--smoke", action="store_true",
-                        help="1 step per arm, 4 held-out tasks, seeds 0 and 1 (unless given), into a scratch folder")
+                        help="1 step per arm, 4 held-out tasks, seeds 0 and 1 (unless given), into "
+                             "runs/mismatch_seeds_smoke/ (unless --runs / --out are given)")
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args()
-    if args.smoke:
+    if args.smoke:  # never into the declared study's folders
         args.steps, args.episodes = 1, 4
         if args.seeds == [0, 1, 2]:
             args.seeds = [0, 1]
+        if args.runs == parser.get_default("runs"):
+            args.runs = "runs/mismatch_seeds_smoke"
+        if args.out == parser.get_default("out"):
+            args.out = str(ROOT / args.runs / "mismatch_seeds.json")
     out = Path(args.out)
     if args.plot_only:
         plot(json.loads(out.read_text()), out.with_suffix(".png"))
@@ -115,12 +124,15 @@ def main() -> None:
                                           episodes=args.episodes, no_eval=False)
             folder = runs / f"seed{seed}"
             folder.mkdir(exist_ok=True)
-            state = folder / arm / "checkpoint" / "trainer_state.json"
-            if state.exists() and json.loads(state.read_text())["step"] + 1 < args.steps:
-                print(f"seed {seed} {arm}: stopped at step {json.loads(state.read_text())['step']}; run again from "
-                      "the start", flush=True)  # the study compares finished runs only
+            walls = folder / arm / "walls.json"
+            if (folder / arm).exists() and "train_rc" not in (json.loads(walls.read_text()) if walls.exists() else {}):
+                print(f"seed {seed} {arm}: the study was stopped during this run; run again from the start", flush=True)
                 shutil.rmtree(folder / arm)
-            record = run_arm(arm, arm_args, folder, runs / "log.txt") | {"seed": seed}
+            load_before = load_1m()
+            record = run_arm(arm, arm_args, folder, runs / "log.txt") | {"seed": seed, "load_1m_before": load_before,
+                                                                         "load_1m_after": load_1m()}
+            record["compared"] = (record.get("train_rc") == 0 and record["steps_done"] == args.steps
+                                  and record.get("checkpoint_step") == args.steps - 1 and "heldout" in record)
             # run_arm's per-step keys, plus the mismatch KL as the run logs it and the policy entropy
             metrics = folder / arm / "metrics.jsonl"
             rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -132,10 +144,14 @@ def main() -> None:
             if record.get("train_rc") or record.get("eval_rc"):
                 print(f"  exit codes: train {record.get('train_rc')}, eval {record.get('eval_rc')}: see "
                       f"{os.path.relpath(runs / 'log.txt', ROOT)}", flush=True)
+            compared = [r for r in records if r["compared"]]
             result = {"command": command_line(__file__), "steps": args.steps, "seeds": args.seeds,
                       "engine_dtype": args.engine_dtype, "episodes": args.episodes, "load_1m_at_start": load_at_start,
                       "load_1m_now": load_1m(), "runs": os.path.relpath(runs, ROOT), "records": records,
-                      "heldout": summarize(records), "vs_minirl_tis": compare(records, runs, args.seeds)}
+                      "heldout": summarize(compared),
+                      "vs_minirl_tis": compare(compared, runs, args.seeds),
+                      "not_compared": [{k: r.get(k) for k in ("seed", "arm", "train_rc", "eval_rc", "steps_done",
+                                                             "checkpoint_step")} for r in records if not r["compared"]]}
             write_json(out, result)
     plot(result, out.with_suffix(".png"))
     print(json.dumps(result["vs_minirl_tis"], indent=1))

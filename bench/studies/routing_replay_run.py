@@ -1,6 +1,6 @@
 """Routing Replay in a run (issue 45 item 3): does replaying the experts keep an off-policy MoE run stable?
 
-    python bench/studies/routing_replay_run.py              # the declared study (docs/experiments/issue45.md)
+    python bench/studies/routing_replay_run.py              # the study (not yet declared: a pilot comes first)
     python bench/studies/routing_replay_run.py --smoke      # 2 steps per arm, seed 0, 4 held-out tasks, scratch folder
     python bench/studies/routing_replay_run.py --plot-only  # redraw the figure from the JSON
 
@@ -259,7 +259,7 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(19, 8))
+    fig, axes = plt.subplots(3, 3, figsize=(15, 11))  # the curves, then the held-out panel last
     for ax, (key, title) in zip(axes.flat, CURVES):
         for r in result["records"]:
             ys = [float("nan") if v is None else v for v in r["per_step"].get(key, [])]
