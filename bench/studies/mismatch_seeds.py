@@ -128,9 +128,14 @@ def main() -> None:
             if (folder / arm).exists() and "train_rc" not in (json.loads(walls.read_text()) if walls.exists() else {}):
                 print(f"seed {seed} {arm}: the study was stopped during this run; run again from the start", flush=True)
                 shutil.rmtree(folder / arm)
+            load_file = folder / arm / "load.json"  # the load around the run, kept with it (a rerun of the study
+            trains = not (folder / arm / "checkpoint").is_dir()  # reads it back instead of timing a no-op)
             load_before = load_1m()
-            record = run_arm(arm, arm_args, folder, runs / "log.txt") | {"seed": seed, "load_1m_before": load_before,
-                                                                         "load_1m_after": load_1m()}
+            record = run_arm(arm, arm_args, folder, runs / "log.txt") | {"seed": seed}
+            if trains and (folder / arm).is_dir():
+                load_file.write_text(json.dumps({"load_1m_before": load_before, "load_1m_after": load_1m()}))
+            record |= json.loads(load_file.read_text()) if load_file.exists() else {"load_1m_before": None,
+                                                                                      "load_1m_after": None}
             record["compared"] = (record.get("train_rc") == 0 and record["steps_done"] == args.steps
                                   and record.get("checkpoint_step") == args.steps - 1 and "heldout" in record)
             # run_arm's per-step keys, plus the mismatch KL as the run logs it and the policy entropy
