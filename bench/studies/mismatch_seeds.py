@@ -128,8 +128,9 @@ def main() -> None:
             if (folder / arm).exists() and "train_rc" not in (json.loads(walls.read_text()) if walls.exists() else {}):
                 print(f"seed {seed} {arm}: the study was stopped during this run; run again from the start", flush=True)
                 shutil.rmtree(folder / arm)
-            load_file = folder / arm / "load.json"  # the load around the run, kept with it (a rerun of the study
-            trains = not (folder / arm / "checkpoint").is_dir()  # reads it back instead of timing a no-op)
+            # The load around the run is kept with it: a rerun of the study reads it back instead of timing a no-op.
+            load_file = folder / arm / "load.json"
+            trains = not (folder / arm / "checkpoint").is_dir()
             load_before = load_1m()
             record = run_arm(arm, arm_args, folder, runs / "log.txt") | {"seed": seed}
             if trains and (folder / arm).is_dir():
