@@ -98,16 +98,30 @@ def save_checkpoint(out: Path, backend, policy, state: TrainerState) -> Path:
 
     Returns:
         The checkpoint folder.
+
+    Raises:
+        TrainingError: the checkpoint could not be written (a full disk, say): the message names the free space, and
+            the partial folder is removed so the previous checkpoint stays the one a resume reads.
     """
     final = checkpoint_folder(out)
     tmp = out / (CHECKPOINT + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # a crash mid-save leaves a partial tmp: never mix it with new files
-    tmp.mkdir(parents=True)
-    backend.save(tmp)
-    policy.tokenizer.save_pretrained(tmp)
-    (tmp / "generation_config.json").write_text(json.dumps(policy.generation_config, indent=1))
-    (tmp / "agentrl_model.json").write_text(json.dumps({"family": policy.family, "base_model": policy.name}))
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+    try:
+        tmp.mkdir(parents=True)
+        backend.save(tmp)
+        policy.tokenizer.save_pretrained(tmp)
+        (tmp / "generation_config.json").write_text(json.dumps(policy.generation_config, indent=1))
+        (tmp / "agentrl_model.json").write_text(json.dumps({"family": policy.family, "base_model": policy.name}))
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+    except Exception as e:  # a full disk surfaces from safetensors, torch.save or a worker, each in its own type
+        from agentrl.training.step import TrainingError
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        free_gib = shutil.disk_usage(out).free / 2**30
+        kept = "the previous checkpoint is intact" if final.exists() else "no earlier checkpoint exists"
+        raise TrainingError(f"could not write the checkpoint to {tmp}: {e} ({free_gib:.1f} GiB free there); {kept}. "
+                            "Free disk space (a checkpoint holds the weights and the optimizer state), then resume "
+                            f"with `agentrl run --resume {out}` or start again") from e
     if final.exists():
         old = out / (CHECKPOINT + ".old")
         shutil.rmtree(old, ignore_errors=True)
