@@ -303,7 +303,7 @@ seed may reach it."""
 class CurriculumConfig:
     """Which tasks each step plays: a task-sampling policy chosen by name, and its options.
 
-    See `agentrl.rollout.curriculum`. Its state is saved in the checkpoint, so a resume continues it.
+    See `agentrl.curriculum`. Its state is saved in the checkpoint, so a resume continues it.
     """
 
     policy: str = "uniform"
@@ -318,12 +318,12 @@ class CurriculumConfig:
 
     def typed_options(self) -> Any:
         """The policy's frozen options dataclass: `options` over its defaults (e.g. `SuccessOptions`)."""
-        from agentrl.rollout.curriculum import curriculum_options
+        from agentrl.curriculum import curriculum_options
 
         return curriculum_options(self.policy, **self.options)
 
     def __post_init__(self) -> None:
-        from agentrl.rollout.curriculum import CURRICULA
+        from agentrl.curriculum import CURRICULA
 
         _require(self.policy in CURRICULA, "curriculum.policy", self.policy, f"one of {', '.join(CURRICULA)}")
         try:  # the policy owns its option names and values: build them once now rather than fail at step 0
@@ -951,7 +951,7 @@ class RunConfig:
 
     def _check_curriculum(self) -> None:
         """The curriculum against the rest of the run (its env's levels are checked at set-up, where the env loads)."""
-        from agentrl.rollout.curriculum import HISTORY, CurriculumError, check_run
+        from agentrl.curriculum import HISTORY, CurriculumError, check_run
 
         C = self.curriculum
         # The checkpoint of step s saves the state after step s, which the async producer may have observed up to

@@ -88,7 +88,7 @@ class TextEnv(gym.Env[str, str]):
           single-turn env). Runs size the engines' KV memory by it: a single-turn episode never grows past its first
           prompt and one reply.
         * `difficulty_levels` (optional): a `Difficulty` naming the env's levels, easiest first, for curricula
-          (`agentrl.rollout.curriculum`). Its `Difficulty.split` reads the level a reset seed asks for (None for
+          (`agentrl.curriculum`). Its `Difficulty.split` reads the level a reset seed asks for (None for
           the plain seeds every run without a curriculum uses); `reset` then draws the task at that level.
 
     Rewards: a reward that a reply's text can make slow (symbolic math, big numbers, regexes) should run under a hard

@@ -2,7 +2,7 @@
 
 An env that has a natural difficulty (math's procedural levels, ALFWorld's task types, the code env's levels) sets
 the class attribute `TextEnv.difficulty_levels` to a `Difficulty`: its level names, easiest first, and one line saying
-what a level is. A curriculum (`agentrl.rollout.curriculum`) then asks for a task at a level through the reset seed
+what a level is. A curriculum (`agentrl.curriculum`) then asks for a task at a level through the reset seed
 alone, so nothing else changes on the way: runner pools, Ray actors and trajectories carry plain integer seeds as
 always.
 

@@ -24,6 +24,7 @@ from agentrl.config import (
     RunConfig,
     SchedulerConfig,
 )
+from agentrl.curriculum import CURRICULA, HISTORY, Curriculum, CurriculumError, Tasks
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.requests import BatchedRequests
 from agentrl.envs.core import TextEnv
@@ -31,7 +32,6 @@ from agentrl.envs.difficulty import LEVEL_STRIDE, Difficulty
 from agentrl.envs.math import MathEnv
 from agentrl.recipes.setup import build_curriculum
 from agentrl.records import Trajectory
-from agentrl.rollout.curriculum import CURRICULA, HISTORY, Curriculum, CurriculumError, Tasks
 from agentrl.rollout.pool import EnvMaker
 from agentrl.rollout.scheduler import RolloutScheduler
 from agentrl.training.checkpoint import STATE_FILE, TrainerState, read_trainer_state

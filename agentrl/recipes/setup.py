@@ -18,13 +18,14 @@ import yaml
 import agentrl
 from agentrl.cluster import choose_address, connect_ray
 from agentrl.config import ConfigError, RunConfig, config_to_dict
+from agentrl.curriculum import Curriculum, CurriculumError
 from agentrl.engine import EngineError, SamplingParams, build_engines
+from agentrl.envs.registry import difficulty_of
 from agentrl.models import LoadedModel, load_model
 from agentrl.objective import CollapseGuard
 from agentrl.recipes.plan import ClusterPlan, RunPlan, plan_run
 from agentrl.recipes.stops import claim_sigterm
 from agentrl.rewards.judge import JUDGE_CACHE, JudgeReward, rubric_and_key
-from agentrl.rollout.curriculum import Curriculum, CurriculumError
 from agentrl.rollout.driver import RolloutDriver
 from agentrl.rollout.plan import is_single_turn
 from agentrl.rollout.scheduler import RolloutScheduler
@@ -168,7 +169,7 @@ def build_curriculum(cfg: RunConfig, state: TrainerState | None) -> Curriculum |
         return None
     try:
         curriculum = Curriculum.for_env(cfg.curriculum.policy, cfg.curriculum.options, env_id=cfg.env.id,
-                                        seed_offset=cfg.env.seed_offset,
+                                        levels=difficulty_of(cfg.env.id), seed_offset=cfg.env.seed_offset,
                                         prompts_per_step=cfg.scheduler.prompts_per_step, max_turns=cfg.env.max_turns,
                                         run_seed=cfg.seed)
     except CurriculumError as e:

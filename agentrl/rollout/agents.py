@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import AgentConfig, ConfigError, ContextConfig, EnvConfig, RunnersConfig, SchedulerConfig
+from agentrl.curriculum import Tasks
 from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.http_server import RunningServer
 from agentrl.records import Trajectory
 from agentrl.rollout.agent_loader import AgentLoadError, load_agent
-from agentrl.rollout.curriculum import Tasks
 from agentrl.rollout.loop import RolloutResult, RolloutStats
 from agentrl.rollout.pool import EnvMaker
 from agentrl.serve.engine_client import EngineClient

@@ -46,11 +46,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.config import ContextConfig, EnvConfig, RunnersConfig, SchedulerConfig
+from agentrl.curriculum import Curriculum, Tasks
 from agentrl.engine.base import RequestEngine, SamplingParams
 from agentrl.records import Trajectory, group_by_id, save_trajectories
 from agentrl.rewards.judge import JudgeReward
 from agentrl.rollout.buffer import FreshnessBuffer
-from agentrl.rollout.curriculum import Curriculum, Tasks
 from agentrl.rollout.loop import RolloutInterrupted, RolloutResult, RolloutStats, RolloutStream, run_rollout
 from agentrl.rollout.partial import mask_stale_turns, turn_staleness_metrics
 from agentrl.rollout.pool import EnvMaker, make_pool
@@ -122,7 +122,7 @@ class RolloutScheduler:
             tasks alone. Screenshots come from the first draw only.
         judge: scores each finished episode with a judge model (`agentrl.rewards.judge`, `run_rollout`'s argument);
             the step's judge counters go to ``stats.judge``; `close` closes it. None: the env's rule reward alone.
-        curriculum: the run's task-sampling policy (`agentrl.rollout.curriculum`); when given, `seeds_for_step` is
+        curriculum: the run's task-sampling policy (`agentrl.curriculum`); when given, `seeds_for_step` is
             its `Curriculum.seeds`, it caps each step's turns (`Curriculum.max_turns`), and it observes every group
             each step drew (refill rounds included) before the next step's seeds are drawn; its metrics go to
             ``stats.engine``. With partial rollouts it observes each step's groups when they are harvested, which
@@ -147,7 +147,7 @@ class RolloutScheduler:
         ``scheduler.max_oversample > 1`` its extra tasks are ``env.seed_offset + scheduler.refill_seed(s, j)``.
         `screenshots` episodes of each rollout bring their env images back (`run_rollout`'s argument); `judge`
         (`agentrl.rewards.judge.JudgeReward.from_config`) scores the episodes. A `curriculum`
-        (`agentrl.rollout.curriculum.Curriculum`) draws the tasks instead: its "uniform" policy is the rule above, seed
+        (`agentrl.curriculum.Curriculum`) draws the tasks instead: its "uniform" policy is the rule above, seed
         for seed; a level policy plays the refill's extra tasks at levels too.
         """
         refill = (Refill(scheduler.max_tasks, lambda s, j: env.seed_offset + scheduler.refill_seed(s, j))

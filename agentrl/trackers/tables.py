@@ -7,7 +7,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrl.records import group_by_id
 from agentrl.trackers.base import Table
 
 __all__ = ["TRANSCRIPT_CHARS", "transcript", "trajectory_table", "eval_summary", "eval_table"]
@@ -27,7 +26,9 @@ def transcript(trajectory: Any) -> str:
 
 def trajectory_table(trajectories: Sequence[Any], limit: int) -> Table:
     """Up to `limit` episodes, one per group in turn (so a small table still spans the step's tasks)."""
-    groups = group_by_id(trajectories)
+    groups: dict[int, list[Any]] = {}  # by group id (trackers import nothing above them: not records.group_by_id)
+    for traj in trajectories:
+        groups.setdefault(traj.group_id, []).append(traj)
     picked = [t for rank in itertools.zip_longest(*groups.values()) for t in rank if t is not None][:limit]
     columns = ("step", "group", "seed", "policy_version", "return", "success", "turns", "tokens", "transcript")
     rows = tuple((t.train_step if t.train_step is not None else t.policy_version, t.group_id, t.seed,

@@ -46,7 +46,7 @@ class TrainerState:
         shuffle_rng: the mini-batch shuffle generator's state (`torch.Generator.get_state`) as a list of bytes.
         torch_rng: the driver's global torch RNG state, likewise.
         curriculum: the task-sampling curriculum's state that step ``step + 1`` starts from
-            (`agentrl.rollout.curriculum.Curriculum.state_dict`, JSON values); None without one (agent rollouts, and
+            (`agentrl.curriculum.Curriculum.state_dict`, JSON values); None without one (agent rollouts, and
             checkpoints from before curricula).
     """
 

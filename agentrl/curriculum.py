@@ -564,12 +564,12 @@ class Curriculum:
         self._forgotten = -1  # states of steps up to this one were dropped (older than HISTORY)
 
     @classmethod
-    def for_env(cls, policy: str, options: Mapping[str, Any], *, env_id: str, seed_offset: int, prompts_per_step: int,
-                max_turns: int, run_seed: int) -> Curriculum:
-        """The curriculum of a run on registered env `env_id`, with the levels it declares (`difficulty_of`)."""
-        from agentrl.envs.registry import difficulty_of
+    def for_env(cls, policy: str, options: Mapping[str, Any], *, env_id: str, levels: Difficulty | None,
+                seed_offset: int, prompts_per_step: int, max_turns: int, run_seed: int) -> Curriculum:
+        """The curriculum of a run on env `env_id`, with the levels the env declares.
 
-        levels = difficulty_of(env_id)
+        The caller looks `levels` up (`agentrl.envs.registry.difficulty_of`): the curriculum sits below the registry.
+        """
         return cls(policy, options, Tasks(env_id, seed_offset, prompts_per_step, max_turns, levels), run_seed)
 
     def _rng(self, step: int, *salt: int) -> np.random.Generator:
