@@ -195,3 +195,30 @@ def held_out_by_run(runs: Path, records: Iterable[dict], value: str = "success")
             per_task.setdefault(row["seed"], []).append(float(row[value]))
         by_arm.setdefault(r["arm"], {})[r["seed"]] = {t: statistics.fmean(v) for t, v in sorted(per_task.items())}
     return by_arm
+
+
+def compare_runs(by_arm: dict[str, dict[int, dict]], arm: str, base: str, seeds: Sequence[int]) -> dict | None:
+    """`arm` against `base` across the run seeds both have evaluated (`held_out_by_run`'s layout), or None if none.
+
+    The run-level bootstrap (`agentrl.passk.run_level_bootstrap_difference`) paired by seed (the primary) and
+    unpaired, with each seed's own difference beside them.
+
+    Raises:
+        SystemExit: the runs were not evaluated on the same held-out tasks.
+    """
+    from agentrl.passk import run_level_bootstrap_difference
+
+    both = [s for s in seeds if s in by_arm.get(arm, {}) and s in by_arm.get(base, {})]
+    if not both:
+        return None
+    tasks = sorted(by_arm[arm][both[0]])
+    if any(sorted(by_arm[a][s]) != tasks for a in (arm, base) for s in both):
+        raise SystemExit(f"{arm} and {base}: the runs were not evaluated on the same held-out tasks")
+    a = [[by_arm[arm][s][t] for t in tasks] for s in both]
+    b = [[by_arm[base][s][t] for t in tasks] for s in both]
+    paired = run_level_bootstrap_difference(a, b, paired_runs=True)
+    unpaired = run_level_bootstrap_difference(a, b, paired_runs=False, seed=1)
+    return {"seeds": both, "tasks": len(tasks),
+            "per_seed_difference": {s: statistics.fmean(x) - statistics.fmean(y) for s, x, y in zip(both, a, b)},
+            "paired_by_seed": paired.to_dict() | {"significant": paired.excludes_zero},
+            "unpaired": unpaired.to_dict() | {"significant": unpaired.excludes_zero}}

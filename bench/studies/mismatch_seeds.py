@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repository root, for bench.harness
-from bench.harness import RESULTS, ROOT, command_line, held_out_by_run, load_1m, write_json  # noqa: E402
+from bench.harness import RESULTS, ROOT, command_line, compare_runs, held_out_by_run, load_1m, write_json  # noqa: E402
 from bench.studies.mismatch_study import run_arm  # noqa: E402
 
 ARMS = ["minirl_tis@1", "minirl_nois@1", "grpo@1", "minirl_tis@4", "minirl_nois@4", "grpo@4"]
@@ -45,11 +45,8 @@ CURVES = (("success_rate", "train success"), ("kl_k3", "KL(mu || pi_old), k3, al
           ("grad_norm", "gradient norm"), ("entropy", "entropy"))
 
 
-
 def compare(records: list[dict], runs: Path, seeds: list[int]) -> dict:
     """Each arm against ``minirl_tis`` at the same `sync_every`, over the seeds both have evaluated."""
-    from agentrl.passk import run_level_bootstrap_difference
-
     by_arm = held_out_by_run(runs, records)
     out = {}
     for arm in by_arm:
@@ -57,21 +54,9 @@ def compare(records: list[dict], runs: Path, seeds: list[int]) -> dict:
         base = f"minirl_tis@{sync}"
         if objective == "minirl_tis" or base not in by_arm:
             continue
-        both = [s for s in seeds if s in by_arm[arm] and s in by_arm[base]]
-        if not both:
-            continue
-        tasks = sorted(by_arm[arm][both[0]])
-        if any(sorted(by_arm[a][s]) != tasks for a in (arm, base) for s in both):
-            raise SystemExit(f"{arm} and {base}: the runs were not evaluated on the same held-out tasks")
-        a = [[by_arm[arm][s][t] for t in tasks] for s in both]
-        b = [[by_arm[base][s][t] for t in tasks] for s in both]
-        paired = run_level_bootstrap_difference(a, b, paired_runs=True)
-        unpaired = run_level_bootstrap_difference(a, b, paired_runs=False, seed=1)
-        out[f"{arm} - {base}"] = {
-            "seeds": both, "tasks": len(tasks),
-            "per_seed_difference": {s: statistics.fmean(x) - statistics.fmean(y) for s, x, y in zip(both, a, b)},
-            "paired_by_seed": paired.to_dict() | {"significant": paired.excludes_zero},
-            "unpaired": unpaired.to_dict() | {"significant": unpaired.excludes_zero}}
+        comparison = compare_runs(by_arm, arm, base, seeds)
+        if comparison is not None:
+            out[f"{arm} - {base}"] = comparison
     return out
 
 

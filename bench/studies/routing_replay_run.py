@@ -63,6 +63,7 @@ from bench.harness import (  # noqa: E402
     ROOT,
     agentrl_command,
     command_line,
+    compare_runs,
     held_out_by_run,
     load_1m,
     read_jsonl,
@@ -129,29 +130,14 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict
     return record | walls
 
 
-
 def compare(records: list[dict], runs: Path, seeds: list[int]) -> dict:
     """r2 and r3 against none, and r3 against r2: held-out reward across the training runs both arms evaluated."""
-    from agentrl.passk import run_level_bootstrap_difference
-
     by_arm = held_out_by_run(runs, records, "reward")
     out = {}
     for arm, base in (("r2", "none"), ("r3", "none"), ("r3", "r2")):
-        both = [s for s in seeds if s in by_arm.get(arm, {}) and s in by_arm.get(base, {})]
-        if not both:
-            continue
-        tasks = sorted(by_arm[arm][both[0]])
-        if any(sorted(by_arm[a][s]) != tasks for a in (arm, base) for s in both):
-            raise SystemExit(f"{arm} and {base}: the runs were not evaluated on the same held-out tasks")
-        a = [[by_arm[arm][s][t] for t in tasks] for s in both]
-        b = [[by_arm[base][s][t] for t in tasks] for s in both]
-        paired = run_level_bootstrap_difference(a, b, paired_runs=True)
-        unpaired = run_level_bootstrap_difference(a, b, paired_runs=False, seed=1)
-        out[f"{arm} - {base}"] = {
-            "seeds": both, "tasks": len(tasks),
-            "per_seed_difference": {s: statistics.fmean(x) - statistics.fmean(y) for s, x, y in zip(both, a, b)},
-            "paired_by_seed": paired.to_dict() | {"significant": paired.excludes_zero},
-            "unpaired": unpaired.to_dict() | {"significant": unpaired.excludes_zero}}
+        comparison = compare_runs(by_arm, arm, base, seeds)
+        if comparison is not None:
+            out[f"{arm} - {base}"] = comparison
     return out
 
 
