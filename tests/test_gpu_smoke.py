@@ -22,12 +22,13 @@ def test_cpu_mode_runs_every_check_and_skips_the_cuda_ones_with_the_reason(tmp_p
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     by = {(r["check"], r["device"]): r for r in report["results"]}
-    checks = ["hf_engine", "single_trainer", "bf16", "memory_plan", "fsdp_one_rank", "routing_replay"]
+    checks = ["hf_engine", "single_trainer", "bf16", "memory_plan", "fsdp_one_rank", "routing_replay", "packing",
+              "trainer_rate"]
     assert set(by) == {(c, d) for c in checks for d in ("cuda", "cpu")}
     for check in checks:
         assert by[check, "cuda"]["status"] == "skipped" and "CPU build" in by[check, "cuda"]["reason"]
         assert by[check, "cpu"]["status"] == "ran", by[check, "cpu"]
-    assert report["summary"] == {"ran": 6, "skipped": 6, "failed": 0}
+    assert report["summary"] == {"ran": 8, "skipped": 8, "failed": 0}
     # The CPU paths measured what the CUDA ones will: the one-rank FSDP group (gloo here) gives the one-process
     # update, and replaying the engine's experts gives the engine's log-probs.
     fsdp = by["fsdp_one_rank", "cpu"]["facts"]
@@ -35,6 +36,10 @@ def test_cpu_mode_runs_every_check_and_skips_the_cuda_ones_with_the_reason(tmp_p
     assert by["routing_replay", "cpu"]["facts"]["max_logp_gap_replay"] < 1e-3
     assert by["hf_engine", "cpu"]["facts"]["turn2_reused_tokens"] > 0
     assert "refused_at_1_mib" in by["memory_plan", "cpu"]["facts"]
+    packing = by["packing", "cpu"]["facts"]
+    assert packing["tokens_packed"] < packing["tokens_padded"] and packing["logp_max_diff"] < 1e-5
+    rate = by["trainer_rate", "cpu"]["facts"]
+    assert {"float32", "bfloat16"} <= rate.keys() and 0 < rate["float32"]["update"]["mfu"] < 1
     for line in ("check ", "fsdp_one_rank    cpu    ran", "hf_engine        cuda   skipped"):
         assert line in done.stdout, done.stdout
 
@@ -64,3 +69,30 @@ def test_asking_for_cuda_without_a_gpu_is_one_line():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"gpu_smoke: --device cuda, but torch {torch.__version__} is a CPU build (torch.version.cuda is None)"]
+
+
+def test_after_installing_the_script_runs_itself_again_once(monkeypatch):
+    """The editable install's import hook loads only in a new interpreter (a fresh GPU machine failed without)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_smoke
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    class Exec(Exception):
+        pass
+
+    def execv(path, args):
+        raise Exec(args)
+
+    monkeypatch.delenv(gpu_smoke.REEXEC_VAR, raising=False)
+    monkeypatch.setattr(gpu_smoke.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpu_smoke.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    monkeypatch.setattr(gpu_smoke.os, "execv", execv)
+    monkeypatch.setattr(gpu_smoke.sys, "argv", ["gpu_smoke.py", "--device", "cuda"])
+    with pytest.raises(Exec) as raised:
+        gpu_smoke.install_project(force=False)
+    assert raised.value.args[0] == [sys.executable, "gpu_smoke.py", "--device", "cuda"]
+    assert gpu_smoke.os.environ[gpu_smoke.REEXEC_VAR] == "pip install --no-deps -e . --no-build-isolation"
+    # The second run installs (the hook may still be missing) and goes on: it never runs itself a third time.
+    assert gpu_smoke.install_project(force=False) == "pip install --no-deps -e . --no-build-isolation"

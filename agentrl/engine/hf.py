@@ -358,7 +358,8 @@ class HFEngine:
                                            position_ids=lengths + (column - decode_start),
                                            attention_mask=mask[:, : column + 1])
             if routes is not None:
-                step_routes.append(routes[to_prompt_order, 0])  # [B, L, K], prompt order
+                # The router's recording lives where it was recorded (the CPU): index it there.
+                step_routes.append(routes[to_prompt_order.to(routes.device), 0])  # [B, L, K], prompt order
             state["column"] = column + 1
             return logits[to_prompt_order]
 

