@@ -18,9 +18,11 @@ records the experts it chose, which R3 replays), the trainer's defaults otherwis
 
 Off-policy on purpose: ``--sync-every 4`` (the engine gets new weights every 4 steps: samples up to 3 steps old) and
 ``--optim.n-minibatches 4`` (4 optimizer updates per rollout batch: every update after the first trains pi_theta away
-from pi_old), at a learning rate high enough that the router moves (``--lr``, default 1e-3, the rate the repository's
-tiny-model tests train at; the embeddings of a random-init model start at std 0.02, so Adam steps of 1e-3 turn every
-token's hidden state, and the router's input with it, within tens of updates).
+from pi_old), at a learning rate high enough that the task is learnt inside the run (``--lr``, default 1e-2). The
+pilot (seed 0, arm none, 48 steps) chose it: at 1e-3 the train reward stayed at 0.51-0.57 for 32 steps (a random
+model's logits are near zero: its distribution over 151k tokens is almost uniform, entropy 11.92) though the router
+already moved (agreement with the engine 0.09-0.22 right after a sync); at 1e-2 it rose from step ~28 and reached 1.0
+by step ~44; at 3e-2 by step ~24. No pilot arm degraded.
 
 The task is bench/studies/token_band_env.py (a single-turn env named by file, as a user names their own): reward =
 the share of the reply's tokens whose id lies in the lower half of the vocabulary, 16 new tokens a reply. A random
@@ -152,8 +154,10 @@ def _mean_of_steps(per_step: dict[str, list]):
 
 
 def summarize(records: list[dict]) -> dict:
-    """Per arm and seed: held-out reward and success, the train reward the run ends at, its mean router agreement and
-    mismatch KL, its largest gradient norm, whether the guard stopped it; per value, the mean over seeds."""
+    """Per arm and seed: held-out reward and success, the train reward the run ends at and its mean over every step
+    (how fast the run learnt), the first step whose train success reached 0.5, its mean router agreement and mismatch
+    KL, its largest gradient norm, whether the guard stopped it; per value, the mean over seeds (over the seeds that
+    have one)."""
     out: dict[str, dict] = {}
     for r in records:
         mean_of = _mean_of_steps(r["per_step"])
@@ -161,6 +165,9 @@ def summarize(records: list[dict]) -> dict:
         row = {"heldout_reward": r["heldout"]["reward_mean"]["estimate"] if "heldout" in r else None,
                "heldout_success": r["heldout"]["success_rate"]["estimate"] if "heldout" in r else None,
                "train_reward_last_steps": r.get("train_reward_last_steps"),
+               "train_reward_mean_all_steps": mean_of("reward_mean"),
+               "first_step_success_half": next((i for i, v in enumerate(r["per_step"]["success_rate"])
+                                                if v is not None and v >= 0.5), None),
                "router_agreement_mean": mean_of("router_agreement"), "kl_k3_mean": mean_of("kl_k3"),
                "mismatch_kl_k3_mean": mean_of("mismatch_kl_k3"), "grad_norm_max": max(grad) if grad else None,
                "steps_done": r["steps_done"], "guard_stop": r.get("guard_stop")}
@@ -168,7 +175,8 @@ def summarize(records: list[dict]) -> dict:
     for arm in out.values():
         seeds = list(arm["per_seed"].values())
         arm["mean_over_seeds"] = {}
-        for key in ("heldout_reward", "heldout_success", "train_reward_last_steps", "router_agreement_mean",
+        for key in ("heldout_reward", "heldout_success", "train_reward_last_steps", "train_reward_mean_all_steps",
+                    "first_step_success_half", "router_agreement_mean",
                     "kl_k3_mean", "mismatch_kl_k3_mean", "grad_norm_max"):
             values = [s[key] for s in seeds if s[key] is not None]
             arm["mean_over_seeds"][key] = statistics.fmean(values) if values else None
@@ -180,7 +188,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=48)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--sync-every", type=int, default=4)
     parser.add_argument("--minibatches", type=int, default=4, help="optim.n_minibatches: updates per rollout batch")
     parser.add_argument("--max-new-tokens", type=int, default=16)
