@@ -7,6 +7,7 @@ when both evaluations ran the same tasks), and a row is flagged when that interv
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -115,4 +116,19 @@ def setting_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tupl
     labels = [f"{p['label']} ({p['hash'][:12]})" if p else None for p in protocols]
     if labels[0] != labels[1]:  # results from different protocols (or none) do not compare as one protocol's
         diffs.insert(0, ("protocol", labels[0], labels[1]))
+    rewards = [_reward_label(r.get("judge")) for r in (a, b)]
+    if rewards[0] != rewards[1]:  # a judged reward and the env's alone (or two judges) are different scores
+        diffs.insert(0, ("reward", rewards[0], rewards[1]))
     return diffs
+
+
+def _reward_label(judge: Mapping[str, Any] | None) -> str:
+    """What an evaluation's reward is: the env's rule reward, or its combination with a judge (what sets the score)."""
+    if not judge:
+        return "env's rule reward"
+    s, j = judge["settings"], judge["settings"]["judge"]
+    inline = f"inline rubric {hashlib.sha256(j['rubric'].encode()).hexdigest()[:8]}" if j["rubric"] else ""
+    rubric = j["rubric_file"] or inline or "built-in rubric"
+    gate = f", gate {s['gate']:g} (below: {s['below_gate']:g})" if s["gate"] is not None else ""
+    return (f"{s['rule_weight']:g} x rule + {s['judge_weight']:g} x judge {j['model']} at {j['endpoint']} "
+            f"({rubric}, scale {j['scale'][0]:g}-{j['scale'][1]:g}, temperature {j['temperature']:g}{gate})")

@@ -189,7 +189,7 @@ def test_samples_do_not_depend_on_the_engine_batch_size(qwen3_tokenizer):
         seeds = [cfg.env.seed_offset + i for i in range(cfg.episodes)]
         engine = SeedEchoEngine(qwen3_tokenizer)
         pool = LocalPool(EnvMaker("math", protocol.env_kwargs()), slots=16)
-        trajectories = _collect(cfg, seeds, resolved, engine, qwen3_tokenizer, pool, tqdm(disable=True), {})
+        trajectories, _ = _collect(cfg, seeds, resolved, engine, qwen3_tokenizer, pool, tqdm(disable=True), {})
         outcomes.append(sorted((t.group_id, t.seed, t.first_observation, t.turns[0].generated_ids, t.total_return)
                                for t in trajectories))
         assert len(trajectories) == 12 and len({s for s, _ in engine.seen}) == 12  # a seed per episode

@@ -3,7 +3,9 @@
 Every field of `agentrl.recipes.evaluate.EvalConfig` is a flag (`agentrl.cli.flags`, `EVAL_ALIASES` for the short
 ones); the command's own options are ``--env-arg``, ``--compare``, ``--protocol`` and ``--list-protocols``.
 ``--protocol NAME`` takes every setting from the protocol (`agentrl.protocols`); a flag that changes one of them
-becomes an override and the result is labelled "NAME + overrides".
+becomes an override and the result is labelled "NAME + overrides". ``--reward.*`` flags score with a judge as
+``agentrl run`` does; given for an evaluation of ``RUN/checkpoint`` whose run had a judge, they change that run's
+judge key by key (`eval_config`).
 """
 
 from __future__ import annotations
@@ -91,7 +93,42 @@ def eval_config(overrides: dict[str, Any]):
 
     if "ks" in overrides:  # the k of pass@k, each once, smallest first, however they were typed
         overrides = {**overrides, "ks": sorted(set(overrides["ks"]))}
-    return build_config(EvalConfig, overrides)
+    return build_config(EvalConfig, _reward_over_run(overrides))
+
+
+def _reward_over_run(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with the training run's judge under the ``--reward.*`` flags given, when it had one.
+
+    Without a ``--reward.*`` flag, the evaluation takes the run's judge whole (`agentrl.recipes.evaluate`); with
+    some (a budget, another endpoint), what a user means is the run's judge with those keys changed, as
+    ``--env-arg`` changes the run's env arguments key by key. An empty ``--reward.judge.endpoint ""`` asks for no
+    judge: the env's rule reward alone, whatever the run used.
+
+    Raises:
+        EvalError: the run's config.yaml cannot be read.
+    """
+    if not any(path.startswith("reward.") for path in overrides):
+        return overrides
+    if overrides.get("reward.judge.endpoint") == "":
+        return {**overrides, "reward_from_run": False}
+    if overrides.get("reward_from_run") is False or "model" not in overrides:
+        return overrides
+    from agentrl.config import config_to_dict
+    from agentrl.recipes.evaluate import run_reward
+
+    saved = run_reward(overrides["model"])
+    return overrides if saved is None else {**_dotted(config_to_dict(saved), "reward"), **overrides}
+
+
+def _dotted(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A nested mapping as dotted keys under `prefix` (``{"judge": {"model": "m"}}`` -> ``reward.judge.model``)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _dotted(value, f"{prefix}.{key}")
+        else:
+            out[f"{prefix}.{key}"] = value
+    return out
 
 
 # `agentrl eval` flags that change a protocol's settings: dotted config path -> (the override it makes, its old option

@@ -11,7 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from agentrl.config import HELD_OUT_SEED_START, ContextConfig, EngineConfig, EnvConfig, LogConfig, RunnersConfig
+from agentrl.config import (
+    HELD_OUT_SEED_START,
+    ContextConfig,
+    EngineConfig,
+    EnvConfig,
+    LogConfig,
+    RewardConfig,
+    RunnersConfig,
+)
 from agentrl.protocols.protocol import ProtocolRun  # at run time: the config is rebuilt from its type hints
 
 __all__ = ["EVAL_SEED_OFFSET", "SAMPLING_KEYS", "EvalError", "EvalEnvConfig", "eval_env", "SamplingOverrides",
@@ -106,7 +114,7 @@ class SamplingOverrides(Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What `agentrl eval` runs: RL's `env`, `engine`, `runners`, `context` and `log` sections, and what only eval has.
+    """What `agentrl eval` runs: RL's `env`, `engine`, `runners`, `context`, `reward` and `log` sections, and its own.
 
     Every field is a flag of ``agentrl eval`` (`agentrl.cli.flags`): ``--episodes``, ``--env.max-turns``, ...
     """
@@ -146,6 +154,18 @@ class EvalConfig:
     """Force thinking on or off; unset: what the checkpoint trained with, else the family's default."""
     sampling_overrides: SamplingOverrides = field(default_factory=SamplingOverrides)
     """Settings that replace the model's official sampling (``--temperature 1.0``), each recorded as a flag's."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """How each episode is scored: the env's rule reward, or combined with a judge model's score, with the flags of
+    ``agentrl run`` (``--reward.judge.endpoint URL --reward.judge.model NAME``, weights, gate, budget;
+    `agentrl.rewards.judge`). With no judge given, an evaluation of ``RUN/checkpoint`` scores as the run trained:
+    its config.yaml's ``reward`` section (unless `reward_from_run` is off); ``--reward.*`` flags given on top of it
+    change it key by key. Judged scores are cached in the output folder (``judge_cache.jsonl``), so a rerun into it
+    pays only for episodes it has not judged; the budget counts every call made into that folder. An episode whose
+    judgement failed is never scored: its task is left out, as training drops its group, and counted."""
+    reward_from_run: bool = True
+    """Score an evaluation of ``RUN/checkpoint`` with the training run's judge when no judge is given (its
+    config.yaml's ``reward`` section); ``--no-reward-from-run`` or ``--reward.judge.endpoint ""``: the env's rule
+    reward alone."""
     ray_address: str | None = None
     """Ray cluster to join for env runners and engines (as in training); unset: the one ``RAY_ADDRESS`` names, else a
     local Ray when needed."""

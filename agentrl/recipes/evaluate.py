@@ -20,6 +20,13 @@ Choices, and why:
       are played in (sized by the engine's batch) change no sample of an engine that seeds per request.
     * ``--protocol NAME`` (`agentrl.protocols`, `from_protocol`) replaces all of the above by a named protocol's
       settings: its env arguments, panel, budgets and sampling, whatever the model or its training run says.
+    * A judge (``--reward.judge.*``, the ``reward`` section of ``agentrl run``; or the training run's own, when
+      `model` is ``RUN/checkpoint``) scores each episode as in training: the reward is ``rule_weight`` x the env's
+      reward + ``judge_weight`` x the judge's score (`agentrl.rewards.combine`), while success stays the env's. An
+      episode whose judgement failed is never scored: its task is left out whole (training drops its group alike)
+      and counted in ``results["judge"]``. Scores are cached in the output folder; a spent budget stops the
+      evaluation with one line naming the setting. Without a judge nothing of this runs, and results.json is as
+      it was.
 """
 
 from __future__ import annotations
@@ -42,8 +49,10 @@ from agentrl.config import (
     ContextConfig,
     EngineConfig,
     LogConfig,
+    RewardConfig,
     RunConfig,
     RunnersConfig,
+    config_to_dict,
     read_run_config,
 )
 from agentrl.engine.base import RequestEngine, SamplingParams
@@ -60,6 +69,7 @@ from agentrl.recipes.eval_config import (
     eval_env,
 )
 from agentrl.records import Trajectory, save_trajectories
+from agentrl.rewards.judge import JUDGE_CACHE, JudgeBudgetSpent, JudgeReward
 
 if TYPE_CHECKING:
     from agentrl.rollout.pool import LocalPool, RayPool
@@ -67,7 +77,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EVAL_SEED_OFFSET", "EvalConfig", "EvalEnvConfig", "SamplingOverrides", "EvalError", "eval_env",
     "ResolvedSampling", "ThinkingMode", "THINKING_MODES", "official_sampling", "resolve_split", "summarize",
-    "evaluate", "load_results", "training_sampling", "from_protocol",
+    "evaluate", "load_results", "training_sampling", "from_protocol", "run_reward",
 ]
 
 _NEUTRAL: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
@@ -224,6 +234,47 @@ def _training_run(model: str) -> RunConfig | None:
     return cfg
 
 
+def run_reward(model: str) -> RewardConfig | None:
+    """The ``reward`` section of the training run whose checkpoint `model` is, when that run had a judge (else None).
+
+    ``agentrl eval`` lays its ``--reward.*`` flags over it key by key (`agentrl.cli.evaluate.eval_config`).
+
+    Raises:
+        EvalError: the run's config.yaml cannot be read.
+    """
+    run = _training_run(model)
+    return run.reward if run is not None and run.reward.judge.enabled else None
+
+
+def _reward(cfg: EvalConfig, trained_run: RunConfig | None) -> tuple[RewardConfig, str]:
+    """The reward section episodes are scored by, and where it came from ("" without a judge).
+
+    A judge given wins; else the training run's (not under a protocol, which fixes what is compared), unless
+    `EvalConfig.reward_from_run` is off; else the env's rule reward alone.
+    """
+    run_judged = (cfg.reward_from_run and not cfg.protocol and trained_run is not None
+                  and trained_run.reward.judge.enabled)
+    if cfg.reward.judge.enabled:
+        if not run_judged:
+            return cfg.reward, "flags"
+        changed = _changed_keys(config_to_dict(trained_run.reward), config_to_dict(cfg.reward), "reward")
+        return cfg.reward, "training run (config.yaml)" + (f", {', '.join(changed)} from flags" if changed else "")
+    if run_judged:
+        return trained_run.reward, "training run (config.yaml)"
+    return cfg.reward, ""
+
+
+def _changed_keys(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str) -> list[str]:
+    """The dotted keys whose values differ between two nested mappings of the same shape."""
+    out = []
+    for key, value in a.items():
+        if isinstance(value, Mapping):
+            out += _changed_keys(value, b[key], f"{prefix}.{key}")
+        elif value != b[key]:
+            out.append(f"{prefix}.{key}")
+    return out
+
+
 def _env_kwargs_of(run: RunConfig | None, env_id: str) -> dict[str, Any]:
     """The env arguments `run` trained with, when it trained on `env_id` (``split`` left out).
 
@@ -302,6 +353,9 @@ def _episode_row(traj: Trajectory) -> dict[str, Any]:
         "task": traj.group_id, "seed": traj.seed, "task_type": traj.task_type or "all", "success": traj.success,
         "reward": traj.total_return, "turns": len(traj.turns), "tokens": traj.num_generated_tokens,
         "truncated": traj.truncated, "length_cut_turns": sum(t.finish_reason == "length" for t in traj.turns),
+        # Judged (`agentrl.rewards.combine`): "reward" is the combined one; its parts too (judge None: below the gate).
+        **({"rule_reward": traj.rule_reward, "judge_reward": traj.judge_reward} if traj.rule_reward is not None
+           else {}),
     }
 
 
@@ -391,8 +445,12 @@ def _print_settings(console, resolved: ResolvedSampling, trained: Mapping[str, A
 
 
 def _collect(cfg: EvalConfig, seeds: Sequence[int], resolved: ResolvedSampling, engine: RequestEngine,
-             tokenizer, pool: LocalPool | RayPool, bar, rollout_kwargs: Mapping[str, Any]) -> list[Trajectory]:
+             tokenizer, pool: LocalPool | RayPool, bar, rollout_kwargs: Mapping[str, Any],
+             judge: JudgeReward | None = None) -> tuple[list[Trajectory], list[str]]:
     """Play `cfg.n` episodes of every task seed through the RL rollout loop, a chunk of whole tasks at a time.
+
+    With a `judge` the loop scores each episode and leaves out the task of one whose judgement failed; the second
+    value holds one line per such failure (kind, seed, message). Without one it is empty.
 
     Each episode's sampler seed depends on its place in the panel (task index x n + sample), not on the chunk it
     falls in: the rollout loop seeds episode i of a chunk ``EPISODE_SEED_STRIDE i`` above ``params.seed``, so a chunk
@@ -402,21 +460,24 @@ def _collect(cfg: EvalConfig, seeds: Sequence[int], resolved: ResolvedSampling, 
     from agentrl.rollout.loop import EPISODE_SEED_STRIDE, run_rollout
 
     trajectories: list[Trajectory] = []
+    judge_failures: list[str] = []
     tasks_per_chunk = _tasks_per_chunk(cfg)
     for first in range(0, len(seeds), tasks_per_chunk):
         chunk = seeds[first : first + tasks_per_chunk]
         params = resolved.params if resolved.params.seed is None else replace(
             resolved.params, seed=(resolved.params.seed + EPISODE_SEED_STRIDE * first * cfg.n) % 2**63)
         done_before = bar.n
-        got = run_rollout(
+        result = run_rollout(
             pool, cfg.env.id, chunk, cfg.n, engine, tokenizer, params, max_turns=cfg.env.max_turns,
             max_context_tokens=cfg.context.max_context_tokens, policy_version=0,
             max_episode_retries=cfg.runners.max_episode_retries, **rollout_kwargs,
-            on_progress=lambda stats, base=done_before: bar.update(base + stats.episodes_done - bar.n),
-        ).trajectories
+            on_progress=lambda stats, base=done_before: bar.update(base + stats.episodes_done - bar.n), judge=judge,
+        )
+        got = result.trajectories
         trajectories += [replace(t, group_id=first + t.group_id) for t in got]
+        judge_failures += [line for line in result.stats.failures if line.startswith("judge_")]
         bar.update(done_before + len(got) - bar.n)
-    return trajectories
+    return trajectories, judge_failures
 
 
 def _tasks_per_chunk(cfg: EvalConfig) -> int:
@@ -521,8 +582,13 @@ def _sampling(cfg: EvalConfig, policy, context_source: str) -> ResolvedSampling:
 
 
 def _play(cfg: EvalConfig, engine_plan: EnginePlan, policy, env_kwargs: Mapping[str, Any], seeds: Sequence[int],
-          resolved: ResolvedSampling, progress: bool) -> tuple[list[Trajectory], float]:
-    """Every task's episodes through the engine(s) and the runner pool; the trajectories and the seconds taken."""
+          resolved: ResolvedSampling, progress: bool,
+          judge: JudgeReward | None = None) -> tuple[list[Trajectory], float, list[str]]:
+    """Every task's episodes through the engine(s) and the runner pool (scored by `judge`, when given).
+
+    Returns:
+        The trajectories, the seconds taken, and one line per failed judgement (`_collect`).
+    """
     import torch
     from tqdm import tqdm
 
@@ -541,11 +607,12 @@ def _play(cfg: EvalConfig, engine_plan: EnginePlan, policy, env_kwargs: Mapping[
         # in-process.
         with make_pool(EnvMaker(cfg.env.id, dict(env_kwargs)), cfg.runners.count, actors=cfg.runners.actors,
                        step_timeout=cfg.runners.step_timeout, address=cfg.ray_address) as pool:
-            trajectories = _collect(cfg, seeds, resolved, engine, policy.tokenizer, pool, bar, rollout_kwargs)
+            trajectories, judge_failures = _collect(cfg, seeds, resolved, engine, policy.tokenizer, pool, bar,
+                                                    rollout_kwargs, judge)
     finally:
         engine.close()
     bar.close()
-    return trajectories, time.perf_counter() - start
+    return trajectories, time.perf_counter() - start, judge_failures
 
 
 def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[str, Any]:
@@ -555,7 +622,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         The results, as saved in results.json.
 
     Raises:
-        EvalError: bad config, env arguments or sampling settings.
+        EvalError: bad config, env arguments or sampling settings; the judge's budget spent, or every judgement
+            failed.
+        agentrl.ConfigError: the judge's rubric file, API key variable or cache cannot be read.
         agentrl.UnknownEnvError, agentrl.models.UnknownModelError: unknown env or model.
     """
     from rich.console import Console
@@ -570,6 +639,10 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     trained_run = _training_run(cfg.model)  # RUN/config.yaml: the env arguments and context it trained with
     env_kwargs, split, seeds, fingerprint = _tasks(cfg, spec, trained_run, console)
     out = _output_folder(cfg)
+    reward, reward_source = _reward(cfg, trained_run)
+    # Its rubric, API key and cache (the scores an earlier evaluation into this folder paid for) are read before the
+    # model loads: a bad one costs no evaluation. None without a judge.
+    judge = JudgeReward.from_config(reward, out)
 
     policy = load_model(cfg.model)
     policy.model.eval()
@@ -578,6 +651,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     cfg = replace(cfg, context=context)
     resolved = _sampling(cfg, policy, context_source)
     _print_settings(console, resolved, trained)
+    _print_judge(console, cfg, reward, reward_source, trained_run, out)
     # Every episode of a chunk stays cached at its longest context (see `_collect`'s chunks), spread over the engines.
     engine_plan = plan_engine(cfg.engine, policy, cfg.model, episodes_in_flight=_tasks_per_chunk(cfg) * cfg.n,
                               max_model_len=cfg.context.max_context_tokens + cfg.max_new_tokens,
@@ -585,7 +659,17 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     if engine_plan.kind != cfg.engine.kind:
         console.print(f"engine: {engine_plan.kind} ({engine_plan.why})")
         cfg = replace(cfg, engine=replace(cfg.engine, kind=engine_plan.kind))
-    trajectories, seconds = _play(cfg, engine_plan, policy, env_kwargs, seeds, resolved, progress)
+    try:
+        trajectories, seconds, judge_failures = _play(cfg, engine_plan, policy, env_kwargs, seeds, resolved, progress,
+                                                      judge)
+    except JudgeBudgetSpent as e:
+        raise EvalError(_budget_spent(e, out)) from None
+    finally:
+        if judge is not None:
+            judge.close()
+    if judge is not None and not trajectories and judge_failures:
+        raise EvalError(f"the judge scored no episode: {len(judge_failures)} judgement(s) failed, every task was left "
+                        f"out (never scored 0); the first: {judge_failures[0]}")
     save_trajectories(trajectories, out / "trajectories.jsonl", append=False)
 
     rows = [_episode_row(t) for t in trajectories]
@@ -602,6 +686,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
         "engine": {"kind": cfg.engine.kind, "dtype": cfg.engine.dtype or "model", "engines": cfg.engine.replicas},
         "context": asdict(context) | {"source": context_source},
         "trained_with": trained,
+        **({"judge": _judge_summary(reward, reward_source, judge, judge_failures, trajectories, cfg.confidence)}
+           if judge is not None else {}),
         "confidence": cfg.confidence,
         **summarize(rows, cfg.ks, cfg.confidence),
         "timing": {"seconds": seconds, "episodes_per_second": len(rows) / seconds if seconds > 0 else None},
@@ -614,6 +700,54 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, console=None) -> dict[st
     return results
 
 
+def _print_judge(console, cfg: EvalConfig, reward: RewardConfig, source: str, trained_run: RunConfig | None,
+                 out: Path) -> None:
+    """One line: the judge episodes are scored by and where it came from, or why the training run's is not used."""
+    if reward.judge.enabled:
+        gate = f", judged from rule reward {reward.gate:g} up" if reward.gate is not None else ""
+        console.print(f"judge: {reward.judge.model} at {reward.judge.endpoint} ({source}); reward = "
+                      f"{reward.rule_weight:g} x rule + {reward.judge_weight:g} x judge{gate}; scores cached in "
+                      f"{out / JUDGE_CACHE}")
+    elif trained_run is not None and trained_run.reward.judge.enabled:
+        why = f"protocol {cfg.protocol.protocol.name} fixes the score" if cfg.protocol else "--no-reward-from-run"
+        console.print(f"judge: none ({why}; the training run's was {trained_run.reward.judge.model}): the env's rule "
+                      f"reward alone")
+
+
+def _budget_spent(e: JudgeBudgetSpent, out: Path) -> str:
+    """The one line `agentrl eval` stops with when the judge's budget is spent: the setting and the way on."""
+    flag = "--reward.judge.budget-tokens" if "budget_tokens" in str(e.failure) else "--reward.judge.budget-calls"
+    return (f"{e.failure}, so the evaluation stops (past it every task would be left out): run it again with a "
+            f"larger {flag} N (0 = no limit); the scores paid for so far are kept in {out / JUDGE_CACHE} and cost "
+            f"nothing again")
+
+
+def _judge_summary(reward: RewardConfig, source: str, judge: JudgeReward, failures: Sequence[str],
+                   trajectories: Sequence[Trajectory], confidence: float) -> dict[str, Any]:
+    """results.json's ``judge``: its settings and their source, its counters, its failures, the two reward parts.
+
+    ``failures`` counts the episodes whose judgement failed (each left its task out of every number, never scored);
+    ``counts`` are the judge's (calls, cache hits, retries, tokens, ...; `agentrl.rewards.judge.JudgeCounts`).
+    """
+    counts = judge.counts()
+    scores = [t.judge_reward for t in trajectories if t.judge_reward is not None]
+    kinds: dict[str, int] = {}
+    for line in failures:  # "judge_<kind> (group ..., seed ..., episode ...): message"
+        kind = line.split(" ", 1)[0].removeprefix("judge_")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {
+        "source": source,
+        "settings": config_to_dict(reward),
+        "cache": JUDGE_CACHE,
+        "failures": len(failures),
+        "failure_kinds": dict(sorted(kinds.items())),
+        "failure_lines": list(failures[:20]),
+        "counts": {f.name: getattr(counts, f.name) for f in fields(counts)},
+        "rule_reward_mean": mean_interval([t.rule_reward for t in trajectories], confidence).to_dict(),
+        "judge_score_mean": mean_interval(scores, confidence).to_dict(),  # episodes below the gate left out
+    }
+
+
 def _log_to_trackers(log_cfg: LogConfig, out: Path, results: Mapping[str, Any], trajectories: list[Trajectory]):
     """The evaluation's settings, summary numbers, episode table and transcripts, to the trackers of `log_cfg`."""
     if not log_cfg.trackers:
@@ -622,6 +756,8 @@ def _log_to_trackers(log_cfg: LogConfig, out: Path, results: Mapping[str, Any], 
 
     clear_tracker_files(out)  # results.json was just replaced: an earlier evaluation's tracker files go with it
     settings = {k: results[k] for k in ("env", "model", "tasks", "sampling", "engine", "context", "confidence")}
+    if "judge" in results:  # a judged evaluation says so (its reward is not the env's alone)
+        settings["judge"] = {k: results["judge"][k] for k in ("settings", "source")}
     log = RunLog.open(out, log_cfg.trackers, _json_safe(settings), project=log_cfg.project,
                       run_name=log_cfg.run_name, table_episodes=log_cfg.table_episodes)
     try:

@@ -36,6 +36,15 @@ def print_results(results: Mapping[str, Any], console=None) -> None:
                       *(interval_text(block["pass_at_k"].get(k), True) for k in ks),
                       interval_text(block["turns_mean"]), interval_text(block["tokens_mean"]))
     console.print(table)
+    judge = results.get("judge")
+    if judge:  # a judged evaluation: its reward is the combined one; what the judge did, its failures counted
+        settings, counts = judge["settings"], judge["counts"]
+        console.print(
+            f"reward = {settings['rule_weight']:g} x rule + {settings['judge_weight']:g} x judge "
+            f"({settings['judge']['model']}, {judge['source']}): rule {interval_text(judge['rule_reward_mean'])}, "
+            f"judge {interval_text(judge['judge_score_mean']) if judge['judge_score_mean']['n'] else '-'}; "
+            f"{counts['calls']} calls, {counts['cache_hits']} "
+            f"from the cache, {judge['failures']} failed judgement(s) (their tasks left out, never scored 0)")
 
 
 def print_comparison(a: Mapping[str, Any], b: Mapping[str, Any], label_a: str = "A", label_b: str = "B",

@@ -108,10 +108,15 @@ class JudgeBudgetSpent(RuntimeError):
 
     Past the budget every episode the judge has not scored yet would drop its group: each step (each refill round
     too) would roll out its tasks for nothing. The rollout loop raises this at the first episode past the budget;
-    ``agentrl run`` stops with its message, which names the setting and the way on (a resume with a larger budget).
+    ``agentrl run`` stops with its message, which names the setting and the way on (a resume with a larger budget);
+    ``agentrl eval`` with its own (`failure`, and a rerun with a larger budget).
+
+    Attributes:
+        failure: the ``over_budget`` failure, whose message names the setting that was spent.
     """
 
     def __init__(self, failure: JudgeFailure):
+        self.failure = failure
         super().__init__(f"{failure}: past it every episode the judge has not scored before would drop its group, so "
                          f"the run stops; resume it with a larger budget (--reward.judge.budget-calls N or "
                          f"--reward.judge.budget-tokens N on the resume command; 0 = no limit)")
