@@ -934,6 +934,11 @@ class RunConfig:
                  self.scheduler.async_rollout, "false with --agent (agent rollouts are lockstep): drop --async")
         _require(not (self.agent.function and self.reward.judge.enabled), "reward.judge.endpoint",
                  self.reward.judge.endpoint, "empty with --agent (an agent function returns its own reward)")
+        # Mini-batches hold whole groups, and a step has prompts_per_step of them (fewer when groups are dropped).
+        _require(self.optim.n_minibatches <= self.scheduler.prompts_per_step, "optim.n_minibatches",
+                 self.optim.n_minibatches, f"<= scheduler.prompts_per_step ({self.scheduler.prompts_per_step}): each "
+                 f"mini-batch trains on whole groups; lower --optim.n-minibatches or raise "
+                 f"--scheduler.prompts-per-step")
         self._check_refill()
         self._check_curriculum()
         from agentrl.objective import ADVANTAGES

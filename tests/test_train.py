@@ -89,6 +89,36 @@ def test_a_step_without_update_still_logs_its_rollout(tmp_path):
     assert all(r["update_skipped"] == 0.0 for r in trained)
 
 
+class OddTasksAlikeEnv(ParityEnv):
+    """Odd task seeds pay every reply alike (their groups have no variance); even ones pay by the reply's length
+    modulo 5 (five levels: a group of 4 replies of random lengths is almost never alike)."""
+
+    def reset(self, *, seed=None, options=None):
+        self._odd = seed is not None and seed % 2 == 1
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        reward = 1.0 if self._odd else (len(action) % 5) / 4
+        return "done", reward, True, False, {"success": reward == 1.0}
+
+
+agentrl.register("odd-tasks-alike-test", entry_point=OddTasksAlikeEnv)
+
+
+def test_fewer_groups_than_minibatches_train_in_fewer_minibatches(tmp_path, caplog):
+    # A pilot crashed mid-run with "4 groups cannot fill 8 mini-batches" (a traceback): the start now refuses such a
+    # setting, and when groups are dropped (dynamic sampling, failures) the step trains the groups it has.
+    with pytest.raises(ConfigError, match=r"optim.n_minibatches.*<= scheduler.prompts_per_step \(2\)"):
+        tiny_config(tmp_path / "bad", **{"optim.n_minibatches": 3})
+    cfg = tiny_config(tmp_path, **{"env.id": "odd-tasks-alike-test", "loss.dynamic_sampling": True,
+                                   "optim.n_minibatches": 2, "steps": 1})
+    with caplog.at_level("WARNING", logger="agentrl.training.step"):
+        out = train(cfg, progress=False)
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["samples"] == 4 and row["grad_norm"] > 0  # the even task's group of 4, in one mini-batch
+    assert "1 groups left for 2 mini-batches; this step trains 1" in caplog.text
+
+
 def test_non_finite_loss_stops_and_saves_the_batch(tmp_path, monkeypatch):
     import agentrl.training.step as train_module
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,8 @@ from agentrl.training.metrics import weighted_mean
 from agentrl.training.microbatch import MicroBatch, collate, pack_by_tokens
 from agentrl.training.reference import ReferencePolicy
 from agentrl.training.routing_replay import DenseRouting
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TrainingStep", "StepSamples", "OldPolicy", "UpdateResult", "TrainingError", "build_loss_options",
            "choose_old_policy", "as_trained", "carries_gradient", "gradient_members", "MISMATCH_KL", "MISMATCH_KEYS"]
@@ -407,7 +410,12 @@ class TrainingStep:
         opts = self.objective
         exact_skip = opts.kl_coef == 0 and opts.entropy_coef == 0
         groups = torch.tensor([s.group_id for s in samples])
-        for members in minibatch_indices(groups, self.optim.n_minibatches, generator=self.shuffle):
+        n_groups = len(set(groups.tolist()))
+        n_minibatches = min(self.optim.n_minibatches, n_groups)
+        if n_minibatches < self.optim.n_minibatches:  # groups were dropped (filtered, failed): fewer, whole ones
+            log.warning("step %d: %d groups left for %d mini-batches; this step trains %d", step, n_groups,
+                        self.optim.n_minibatches, n_minibatches)
+        for members in minibatch_indices(groups, n_minibatches, generator=self.shuffle):
             members = members.tolist()
             # The update pass computes the entropy when the loss trains on it (bonus) or no pi_old pass did.
             objective = PolicyObjective(functools.partial(policy_loss, self.loss.name, opts=opts), len(members),
