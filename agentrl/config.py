@@ -653,7 +653,7 @@ class GuardConfig:
     """Collapse guard: stop (or roll back) when the run degenerates."""
 
     enabled: bool = True
-    """Watch entropy and the train-inference KL each step."""
+    """Watch entropy and the train-inference KL each step (and the opt-in signals below that are set)."""
     entropy_min: float = 0.05
     """Entropy (mean per token) below this counts as a bad step. Learning sharpens the policy too: the main job
     (SmolLM2 on arithmetic) sits at 0.21 with reward 0.59 after 18 steps, and a 0.25 floor stopped it there; a
@@ -664,12 +664,41 @@ class GuardConfig:
     """Consecutive bad steps before acting."""
     action: str = "stop"
     """``stop`` or ``rollback`` (to the last good checkpoint)."""
+    grad_norm_max: float = 0.0
+    """A step whose pre-clip gradient norm is above this counts as a bad step; 0 = off. The norm is ``grad_norm`` in
+    metrics.jsonl (the mean over the step's mini-batch updates, before ``optim.grad_clip``; NaN when none was finite,
+    which counts as bad). It sees the update itself blow up, which an off-policy collapse shows before the entropy or
+    the fresh-sample KL moves: a pilot of the main job at lr 2e-4, ``sync_every 8``, 4 mini-batches and no IS
+    correction read 62, 674, 48 and 2910 on its first four steps and reached success 0 at step 8, while its entropy
+    stayed above the floor and its fresh KL read 0.001. Off by default because a healthy norm depends on the model,
+    the loss, its aggregation and the batch (the shipped main job reads about 10-40), so no one number fits
+    every run, and clipping already bounds the step a large norm takes; set it to a few times a healthy run's peak."""
+    length_cut_max: float = 0.0
+    """A step where the share of episodes with a reply cut at the per-turn token limit is above this counts as a bad
+    step; 0 = off. The share is ``length_cut_frac`` in metrics.jsonl (an episode counts when one of its replies
+    stopped at ``sampling.max_new_tokens`` or its turn's budget). A collapsing policy often rambles until every reply
+    hits the limit (the off-policy pilot above: every reply cut at 64 tokens by step 8). Off by default because the
+    share starts high for a base model that has not learned the answer format yet (the main job: 0.34-0.56 at step
+    0, near 0 by step 15) and depends on the budget the env is given; 0.9 leaves that start alone."""
+    success_drop: float = 0.0
+    """A step counts as bad when the train success rate's 3-step moving mean falls below ``1 - success_drop`` times
+    the best such mean so far (once that best is above 0); 0 = off, else in (0, 1). It reads ``success_rate`` in
+    metrics.jsonl, the outcome every other signal stands in for, so it catches a collapse whatever its cause, but
+    only once the reward has already fallen (the pilot above: 0.16 to 0.00 by step 8). Off by default because
+    train success is noisy at a few dozen episodes a step (the main job's moves by up to 0.4 from one step to
+    the next) and a curriculum or a harder task mix lowers it on purpose; 0.5 (half the best) is a cautious start. The
+    window and the best restart with the run on ``--resume`` (they are not in the checkpoint)."""
 
     def __post_init__(self) -> None:
         from agentrl.objective.collapse_guard import GUARD_ACTIONS
 
         _require(self.action in GUARD_ACTIONS, "guard.action", self.action, f"one of {', '.join(GUARD_ACTIONS)}")
         _require(self.patience >= 1, "guard.patience", self.patience, ">= 1")
+        _require(self.grad_norm_max >= 0, "guard.grad_norm_max", self.grad_norm_max, ">= 0 (0 = off)")
+        _require(0 <= self.length_cut_max < 1, "guard.length_cut_max", self.length_cut_max,
+                 "in [0, 1) (a share of episodes; 0 = off)")
+        _require(0 <= self.success_drop < 1, "guard.success_drop", self.success_drop,
+                 "in [0, 1) (a fraction of the best success; 0 = off)")
 
 
 @dataclass

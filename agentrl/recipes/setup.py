@@ -373,7 +373,6 @@ def set_up(cfg: RunConfig, *, resume: bool, overwrite: bool, show, announce, res
             release_weights(policy)
         undo.pop_all()  # from here on `Run.close` releases them
     step = training_step(cfg, policy, backend, routing, shuffle, out)
-    G = cfg.guard
-    guard = CollapseGuard(G.entropy_min, G.k3_max, G.patience, G.action, kl_key=MISMATCH_KL)
+    guard = CollapseGuard.from_config(cfg.guard, kl_key=MISMATCH_KL)
     return Run(cfg, plan, out, policy, backend, step, scheduler, guard, start_step, log, placement, owns_ray,
                curriculum=curriculum)

@@ -29,7 +29,14 @@ def weighted_mean(results: Sequence[LossResult]) -> dict[str, float]:
 
 
 def rollout_metrics(trajectories: Sequence[Any], rewards: torch.Tensor) -> dict[str, float]:
-    """Reward, success, lengths and template health of the step's trajectories."""
+    """Reward, success, lengths and template health of the step's trajectories.
+
+    ``truncated_frac`` is the share of episodes a budget ended (the env's, ``max_turns``, the context); a reply cut
+    at the per-turn token limit need not end its episode (the env answers it like any other), so
+    ``length_cut_frac`` counts those apart: the share of episodes with a reply that stopped at its token budget
+    (the engine's ``finish_reason == "length"``), as `agentrl inspect` counts it and the collapse guard's
+    ``length_cut_max`` reads it.
+    """
     turns = [t for traj in trajectories for t in traj.turns]
     return {
         "reward_mean": float(rewards.mean()),
@@ -39,6 +46,8 @@ def rollout_metrics(trajectories: Sequence[Any], rewards: torch.Tensor) -> dict[
         "prefix_breaks": sum(t.new_segment for t in turns),
         "roundtrip_mismatch_rate": sum(bool(t.roundtrip_drift) for t in turns) / max(len(turns), 1),
         "truncated_frac": sum(t.truncated for t in trajectories) / len(trajectories),
+        "length_cut_frac": sum(any(x.finish_reason == "length" for x in t.turns) for t in trajectories)
+        / len(trajectories),
     }
 
 
