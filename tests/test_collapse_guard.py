@@ -12,7 +12,7 @@ import torch
 
 from agentrl.config import ConfigError, GuardConfig, RunConfig, apply_overrides
 from agentrl.objective import CollapseGuard, GuardVerdict
-from agentrl.objective.guard_replay import GuardReplay, replay_guard
+from agentrl.training.guard_replay import GuardReplay, replay_guard
 from agentrl.training.metrics import rollout_metrics
 from agentrl.training.step import MISMATCH_KL
 

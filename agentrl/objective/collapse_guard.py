@@ -25,7 +25,7 @@ mismatch KL read 0.001: the samples that would have shown the drift were all sta
 of run, each off unless asked for (`grad_norm_max`, `length_cut_max`, `success_drop`; see `GuardConfig`), each with a
 streak of its own exactly as entropy and KL: the step's pre-clip gradient norm, the share of its episodes with a
 reply cut at the per-turn token limit, and a fall of the train success rate's moving mean from its best.
-`agentrl.objective.guard_replay` runs the same guard over a finished run's metrics.jsonl, to say where it would
+`agentrl.training.guard_replay` runs the same guard over a finished run's metrics.jsonl, to say where it would
 have tripped.
 """
 
@@ -34,12 +34,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from agentrl.config import GuardConfig
-
-__all__ = ["GUARD_ACTIONS", "GUARD_SIGNALS", "SUCCESS_WINDOW", "GuardVerdict", "CollapseGuard"]
+__all__ = ["GUARD_ACTIONS", "GUARD_SIGNALS", "SUCCESS_WINDOW", "GuardSettings", "GuardVerdict", "CollapseGuard"]
 
 GUARD_ACTIONS: tuple[str, ...] = ("stop", "rollback")
 
@@ -73,6 +70,22 @@ class GuardVerdict:
     def healthy(self) -> bool:
         """This step's own metrics were fine (a checkpoint of it is safe to roll back to)."""
         return self.bad_streak == 0
+
+
+class GuardSettings(Protocol):
+    """The settings `CollapseGuard.from_config` reads.
+
+    `agentrl.config.GuardConfig` has these fields; a protocol, so that this module, which the config imports, does not
+    import the config back.
+    """
+
+    entropy_min: float
+    k3_max: float
+    patience: int
+    action: str
+    grad_norm_max: float
+    length_cut_max: float
+    success_drop: float
 
 
 class CollapseGuard:
@@ -156,7 +169,7 @@ class CollapseGuard:
         self.last_good_step: int | None = None
 
     @classmethod
-    def from_config(cls, guard: GuardConfig, kl_key: str, missing_ok: bool = False) -> CollapseGuard:
+    def from_config(cls, guard: GuardSettings, kl_key: str, missing_ok: bool = False) -> CollapseGuard:
         """The guard a run's `GuardConfig` asks for (its 0 thresholds: those checks off), reading the KL at `kl_key`.
 
         The one place a config becomes a guard: the training loop and `replay_guard` build theirs here, so a replay
