@@ -222,3 +222,20 @@ def compare_runs(by_arm: dict[str, dict[int, dict]], arm: str, base: str, seeds:
             "per_seed_difference": {s: statistics.fmean(x) - statistics.fmean(y) for s, x, y in zip(both, a, b)},
             "paired_by_seed": paired.to_dict() | {"significant": paired.excludes_zero},
             "unpaired": unpaired.to_dict() | {"significant": unpaired.excludes_zero}}
+
+
+def plot_seed_curves(axes, records: Iterable[dict], curves: Sequence[tuple[str, str]], colors: dict[str, str]) -> None:
+    """One panel per (metric key, title) in `curves`: every run's per-step curve, colour by arm, line style by seed.
+
+    `records` are a study's run records (``arm``, ``seed``, ``per_step`` {key: [value or None per step]}); a None
+    value is a gap. KL panels get a symlog axis (k3 is >= 0 but may print as a tiny negative float).
+    """
+    records = list(records)
+    for ax, (key, title) in zip(axes, curves):
+        for r in records:
+            ys = [float("nan") if v is None else v for v in r["per_step"].get(key, [])]
+            ax.plot(range(len(ys)), ys, color=colors.get(r["arm"], "k"), lw=0.9, alpha=0.8, marker="o", ms=2,
+                    ls=("-", "--", ":", "-.")[r["seed"] % 4], label=f"{r['arm']} seed {r['seed']}")
+        ax.set(title=title, xlabel="step")
+        if key in ("kl_k3", "mismatch_kl_k3"):
+            ax.set_yscale("symlog", linthresh=1e-6)

@@ -68,6 +68,7 @@ from bench.harness import (  # noqa: E402
     compare_runs,
     held_out_by_run,
     load_1m,
+    plot_seed_curves,
     read_jsonl,
     run_logged,
     write_json,
@@ -254,14 +255,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 3, figsize=(15, 11))  # the curves, then the held-out panel last
-    for ax, (key, title) in zip(axes.flat, CURVES):
-        for r in result["records"]:
-            ys = [float("nan") if v is None else v for v in r["per_step"].get(key, [])]
-            ax.plot(range(len(ys)), ys, color=COLORS.get(r["arm"], "k"), lw=0.9, alpha=0.8, marker="o", ms=2,
-                    ls=("-", "--", ":", "-.")[r["seed"] % 4], label=f"{r['arm']} seed {r['seed']}")
-        ax.set(title=title, xlabel="step")
-        if key in ("kl_k3", "mismatch_kl_k3"):
-            ax.set_yscale("symlog", linthresh=1e-6)  # k3 is >= 0 but may print as a tiny negative float
+    plot_seed_curves(axes.flat, result["records"], CURVES, COLORS)
     ax = axes.flat[-1]
     arms = [a for a in COLORS if any(r["arm"] == a for r in result["records"])]
     for i, arm in enumerate(arms):
