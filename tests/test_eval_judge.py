@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 
 import pytest
@@ -183,38 +184,47 @@ def run_folder(tiny_qwen3, tmp_path_factory):
     return run
 
 
-def save_run_config(run, url: str) -> None:
+def save_run_config(run, url: str, api_key_env: str = "") -> None:
     cfg = apply_overrides(RunConfig(), {"model": "tiny-qwen3", "env.id": "math", "reward.judge.endpoint": url,
                                         "reward.judge.model": "run-judge", "reward.judge.retries": 0,
+                                        "reward.judge.api_key_env": api_key_env,
                                         "reward.rule_weight": 0.25, "reward.judge_weight": 1.0})
     (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-def test_the_runs_judge_scores_an_eval_of_its_checkpoint_unless_told_otherwise(scripted, run_folder, tmp_path):
+def test_the_runs_judge_scores_an_eval_of_its_checkpoint_only_when_asked(scripted, run_folder, tmp_path):
     from agentrl.cli.evaluate import eval_config
     from agentrl.recipes.evaluate import _reward, _training_run
 
     server = scripted(by_task())
-    save_run_config(run_folder, server.url)
+    save_run_config(run_folder, server.url, api_key_env="AGENTRL_TEST_SECRET")
     ckpt = str(run_folder / "checkpoint")
-    results, printed = run_eval(tmp_path / "eval", model=ckpt, episodes=1)
+
+    # By default a run folder is not trusted: its judge (an endpoint, a key variable) is named, not called.
+    off, printed = run_eval(tmp_path / "off", model=ckpt, episodes=1)
+    assert "judge" not in off and server.calls == 0
+    assert "--reward-from-run" in printed and server.url in printed and "$AGENTRL_TEST_SECRET" in printed
+    assert eval_config({"model": ckpt, "env.id": "math", "reward.judge.budget_calls": 5}).reward.judge.endpoint == ""
+
+    os.environ["AGENTRL_TEST_SECRET"] = "s3cret"
+    try:
+        results, printed = run_eval(tmp_path / "eval", model=ckpt, episodes=1, reward_from_run=True)
+    finally:
+        del os.environ["AGENTRL_TEST_SECRET"]
+    assert server.requests[0]["auth"] == "Bearer s3cret"
     judge = results["judge"]
     assert judge["source"] == "training run (config.yaml)" and judge["settings"]["judge"]["model"] == "run-judge"
     row = results["episodes"][0]
     assert row["reward"] == pytest.approx(0.25 * row["rule_reward"] + 0.8) and server.calls == 1
     assert "(training run (config.yaml))" in printed
 
-    # Off on request: the env's rule reward alone, as before.
-    off, printed = run_eval(tmp_path / "off", model=ckpt, episodes=1, reward_from_run=False)
-    assert "judge" not in off and "--no-reward-from-run" in printed and server.calls == 1
-
     # The command line: --reward.* flags change the run's judge key by key; an empty endpoint turns it off.
-    cfg = eval_config({"model": ckpt, "env.id": "math", "reward.judge.budget_calls": 5})
+    cfg = eval_config({"model": ckpt, "env.id": "math", "reward_from_run": True, "reward.judge.budget_calls": 5})
     assert (cfg.reward.judge.endpoint, cfg.reward.judge.model, cfg.reward.judge.budget_calls) == (server.url,
                                                                                                   "run-judge", 5)
     assert cfg.reward.rule_weight == 0.25
     assert _reward(cfg, _training_run(ckpt))[1] == "training run (config.yaml), reward.judge.budget_calls from flags"
-    cfg = eval_config({"model": ckpt, "env.id": "math", "reward.judge.endpoint": ""})
+    cfg = eval_config({"model": ckpt, "env.id": "math", "reward_from_run": True, "reward.judge.endpoint": ""})
     assert not cfg.reward.judge.enabled and cfg.reward_from_run is False
     assert _reward(cfg, _training_run(ckpt)) == (RewardConfig(), "")
     assert eval_config({"model": ckpt, "env.id": "math"}).reward == RewardConfig()  # taken from the run at eval time

@@ -97,8 +97,9 @@ def eval_config(overrides: dict[str, Any]):
 
 
 def _reward_over_run(overrides: dict[str, Any]) -> dict[str, Any]:
-    """`overrides` with the training run's judge under the ``--reward.*`` flags given, when it had one.
+    """`overrides` with the training run's judge under the ``--reward.*`` flags given, when asked and it had one.
 
+    Only with ``--reward-from-run``: a run folder is not trusted by default (`EvalConfig.reward_from_run`).
     Without a ``--reward.*`` flag, the evaluation takes the run's judge whole (`agentrl.recipes.evaluate`); with
     some (a budget, another endpoint), what a user means is the run's judge with those keys changed, as
     ``--env-arg`` changes the run's env arguments key by key. An empty ``--reward.judge.endpoint ""`` asks for no
@@ -111,7 +112,7 @@ def _reward_over_run(overrides: dict[str, Any]) -> dict[str, Any]:
         return overrides
     if overrides.get("reward.judge.endpoint") == "":
         return {**overrides, "reward_from_run": False}
-    if overrides.get("reward_from_run") is False or "model" not in overrides:
+    if overrides.get("reward_from_run") is not True or "model" not in overrides:
         return overrides
     from agentrl.config import config_to_dict
     from agentrl.recipes.evaluate import run_reward

@@ -157,15 +157,17 @@ class EvalConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     """How each episode is scored: the env's rule reward, or combined with a judge model's score, with the flags of
     ``agentrl run`` (``--reward.judge.endpoint URL --reward.judge.model NAME``, weights, gate, budget;
-    `agentrl.rewards.judge`). With no judge given, an evaluation of ``RUN/checkpoint`` scores as the run trained:
-    its config.yaml's ``reward`` section (unless `reward_from_run` is off); ``--reward.*`` flags given on top of it
-    change it key by key. Judged scores are cached in the output folder (``judge_cache.jsonl``), so a rerun into it
-    pays only for episodes it has not judged; the budget counts every call made into that folder. An episode whose
-    judgement failed is never scored: its task is left out, as training drops its group, and counted."""
-    reward_from_run: bool = True
-    """Score an evaluation of ``RUN/checkpoint`` with the training run's judge when no judge is given (its
-    config.yaml's ``reward`` section); ``--no-reward-from-run`` or ``--reward.judge.endpoint ""``: the env's rule
-    reward alone."""
+    `agentrl.rewards.judge`). With `reward_from_run` on, an evaluation of ``RUN/checkpoint`` scores as the run
+    trained: its config.yaml's ``reward`` section, ``--reward.*`` flags given on top of it changing it key by key.
+    Judged scores are cached in the output folder (``judge_cache.jsonl``), so a rerun into it pays only for episodes
+    it has not judged; the budget counts every call made into that folder. An episode whose judgement failed is
+    never scored: its task is left out, as training drops its group, and counted."""
+    reward_from_run: bool = False
+    """Score an evaluation of ``RUN/checkpoint`` with the training run's judge (its config.yaml's ``reward``
+    section) when no judge is given. Off by default because a run folder may come from anyone: its judge section
+    names an endpoint the episodes are sent to, an environment variable sent there as the bearer token, and a
+    rubric file read from this machine. Turn it on (``--reward-from-run``) for runs you trust; off, the env's rule
+    reward alone, and the evaluation prints the run's judge and this flag."""
     ray_address: str | None = None
     """Ray cluster to join for env runners and engines (as in training); unset: the one ``RAY_ADDRESS`` names, else a
     local Ray when needed."""

@@ -249,8 +249,8 @@ def run_reward(model: str) -> RewardConfig | None:
 def _reward(cfg: EvalConfig, trained_run: RunConfig | None) -> tuple[RewardConfig, str]:
     """The reward section episodes are scored by, and where it came from ("" without a judge).
 
-    A judge given wins; else the training run's (not under a protocol, which fixes what is compared), unless
-    `EvalConfig.reward_from_run` is off; else the env's rule reward alone.
+    A judge given wins; else the training run's when `EvalConfig.reward_from_run` asks for it (not under a
+    protocol, which fixes what is compared); else the env's rule reward alone.
     """
     run_judged = (cfg.reward_from_run and not cfg.protocol and trained_run is not None
                   and trained_run.reward.judge.enabled)
@@ -709,9 +709,15 @@ def _print_judge(console, cfg: EvalConfig, reward: RewardConfig, source: str, tr
                       f"{reward.rule_weight:g} x rule + {reward.judge_weight:g} x judge{gate}; scores cached in "
                       f"{out / JUDGE_CACHE}")
     elif trained_run is not None and trained_run.reward.judge.enabled:
-        why = f"protocol {cfg.protocol.protocol.name} fixes the score" if cfg.protocol else "--no-reward-from-run"
-        console.print(f"judge: none ({why}; the training run's was {trained_run.reward.judge.model}): the env's rule "
-                      f"reward alone")
+        judge = trained_run.reward.judge
+        if cfg.protocol:
+            why = f"protocol {cfg.protocol.protocol.name} fixes the score"
+        elif cfg.reward_from_run:
+            why = "--reward.judge.endpoint \"\""
+        else:
+            why = (f"the run's judge is used only with --reward-from-run, since it sends the episodes to "
+                   f"{judge.endpoint}" + (f" with ${judge.api_key_env} as the key" if judge.api_key_env else ""))
+        console.print(f"judge: none ({why}; the training run's was {judge.model}): the env's rule reward alone")
 
 
 def _budget_spent(e: JudgeBudgetSpent, out: Path) -> str:
