@@ -84,6 +84,16 @@ def test_a_step_without_update_still_logs_its_rollout(tmp_path):
         assert r["update_skipped"] == 1.0 and r["samples"] == 0 and r["uninformative_frac"] == 1.0
         assert r["success_rate"] == 0.0 and r["turns_mean"] == 1.0 and r["rollout_seconds"] > 0
         assert "entropy" not in r and "grad_norm" not in r  # nothing trained: a gap in the curves, not a zero
+    # The run still ends with its checkpoint (it said so and held none: an eval of RUN/checkpoint failed), the
+    # initial weights at the last step.
+    from safetensors.torch import load_file
+
+    from agentrl.models import load_model
+
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
+    init = load_model("tiny-qwen3").model.state_dict()
+    saved = load_file(out / "checkpoint" / "model.safetensors")
+    assert all(torch.equal(init[k], saved[k]) for k in saved if k in init)
     trained = [json.loads(line) for line in (train(tiny_config(tmp_path / "b"), progress=False) / "metrics.jsonl")
                .read_text().splitlines()]  # fmt: skip
     assert all(r["update_skipped"] == 0.0 for r in trained)

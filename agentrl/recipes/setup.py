@@ -72,6 +72,9 @@ class Run:
     owns_ray: bool = False
     save_due: bool = False
     """A checkpoint fell on an unhealthy step and waits for a healthy one."""
+    unhealthy: str = ""
+    """Why the collapse guard judged the last update unhealthy ("" = healthy, or no update judged yet): the weights
+    as they stand are that update's until the next one, so a step that trains nothing does not save them either."""
     restarts: int = 0
     """Times this run restarted its trainer workers after one died (``trainer.max_restarts`` bounds it)."""
     failed_steps: int = 0

@@ -227,6 +227,7 @@ def train_step(run: Run, step: int, *, say, show) -> None:
         save_rollout(run, trajectories)
     if not trajectories:
         count_failed_step(run, step, rollout.stats, say)
+        checkpoint_if_due(run, step, say)
         return
     run.failed_steps = 0
     live = rollout.stats.metrics() | staleness_metrics(step, trajectories)
@@ -242,6 +243,7 @@ def train_step(run: Run, step: int, *, say, show) -> None:
             "update_skipped": 1.0, "rollout_seconds": t_rollout, "step_seconds": time.perf_counter() - t_start,
             "trainer_restarts": run.restarts,
         } | live, trajectories)
+        checkpoint_if_due(run, step, say)
         return
 
     # 4. pi_old and the entropy, before any update (routed as the Routing Replay strategy says); a few samples'
@@ -298,12 +300,8 @@ def guard_and_checkpoint(run: Run, step: int, metrics: dict[str, float], say) ->
     """
     cfg, out = run.cfg, run.out
     verdict = run.guard.update(metrics, step=step) if cfg.guard.enabled else None
-    run.save_due = run.save_due or (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps
-    if run.save_due and (verdict is None or verdict.healthy):
-        run.save(step)
-        run.save_due = False
-    elif run.save_due:
-        say(f"step {step} not checkpointed: {verdict.reason}; the checkpoint keeps the last healthy step")
+    run.unhealthy = "" if verdict is None or verdict.healthy else verdict.reason
+    checkpoint_if_due(run, step, say)
     if verdict is None or verdict.ok:
         return
     if cfg.guard.action != "rollback":
@@ -316,8 +314,26 @@ def guard_and_checkpoint(run: Run, step: int, metrics: dict[str, float], say) ->
                             f"yet (lower save_every)")
     run.scheduler.updated(step)  # async mode: the engine samples from the restored weights
     run.guard.reset()
+    run.unhealthy = ""  # the restored weights are the healthy checkpoint's
     say(f"collapse guard: {verdict.reason}; rolled back to step {good} (weights and optimizer state of "
         f"{out / CHECKPOINT})")
+
+
+def checkpoint_if_due(run: Run, step: int, say) -> None:
+    """Save the checkpoint when `step` is on the ``save_every`` grid or the last, unless the guard judged it unhealthy.
+
+    The weights as they stand come from the last update; when the guard judged that one unhealthy, the save waits for
+    a healthy step.
+
+    A step that trained nothing (no complete group, or every group left out by dynamic sampling) counts too: its
+    weights are the last update's, and a run whose last steps trained nothing still ends with its checkpoint.
+    """
+    run.save_due = run.save_due or (step + 1) % run.cfg.save_every == 0 or step + 1 == run.cfg.steps
+    if run.save_due and not run.unhealthy:
+        run.save(step)
+        run.save_due = False
+    elif run.save_due:
+        say(f"step {step} not checkpointed: {run.unhealthy}; the checkpoint keeps the last healthy step")
 
 
 def _last_checkpoint_step(out: Path) -> int | None:
