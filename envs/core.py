@@ -121,6 +121,26 @@ class TextEnv(gym.Env[str, str]):
     client_reset_options: ClassVar[Mapping[str, ClientSetting]] = MappingProxyType({})
     max_episode_steps: int | None = None
     difficulty_levels: ClassVar[Difficulty | None] = None
+    difficulty_narrowed_by: ClassVar[str | None] = None
+    """The constructor argument that restricts which levels the env plays (the GUI's and ALFWorld's ``task_types``),
+    or None: `difficulty_for` narrows `difficulty_levels` to its value."""
+
+    @classmethod
+    def difficulty_for(cls, kwargs: Mapping[str, Any]) -> Difficulty | None:
+        """The levels an env built with `kwargs` plays: `difficulty_levels`, narrowed by `difficulty_narrowed_by`.
+
+        Narrowed to the value of the argument `difficulty_narrowed_by` names when given (a run on three GUI task types
+        has those three levels, so its curriculum never draws a type the run's settings exclude). The env reads a
+        level seed against the same narrowed levels (its instance calls this with its own arguments).
+
+        Raises:
+            ValueError: the argument names a level the env does not have.
+        """
+        levels, key = cls.difficulty_levels, cls.difficulty_narrowed_by
+        if levels is None or key is None or not kwargs.get(key):
+            return levels
+        value = kwargs[key]
+        return levels.only([value] if isinstance(value, str) else list(value))
 
     # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call
     # `super().reset(seed=seed)` first (it seeds `self.np_random`), then build the episode from `self.np_random`.

@@ -22,6 +22,7 @@ trajectories.jsonl: 3000000000042 is task 42 at the third level.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["Difficulty", "LEVEL_STRIDE"]
@@ -55,6 +56,20 @@ class Difficulty:
         if level not in self.levels:
             raise ValueError(f"unknown level {level!r}; the levels are {', '.join(self.levels)}")
         return self.levels.index(level)
+
+    def only(self, names: Sequence[str]) -> Difficulty:
+        """These levels alone, still easiest first, with the same meaning.
+
+        What a run plays when its env arguments allow only some of them (`agentrl.envs.core.TextEnv.difficulty_for`):
+        a seed's level index then counts within them.
+
+        Raises:
+            ValueError: a name that is not a level, or no name at all.
+        """
+        unknown = [n for n in names if n not in self.levels]
+        if unknown or not names:
+            raise ValueError(f"unknown level(s) {unknown or 'none given'}; the levels are {', '.join(self.levels)}")
+        return Difficulty(tuple(level for level in self.levels if level in names), self.meaning)
 
     def task_seed(self, seed: int, level: int) -> int:
         """The reset seed that plays task `seed` at level index `level` (0 = the easiest).

@@ -233,8 +233,11 @@ def make(id: str, **kwargs: Any) -> TextEnv:
         return factory(**{**s.defaults, **kwargs})
 
 
-def difficulty_of(id: str) -> Difficulty | None:
-    """The difficulty levels env `id` declares (`TextEnv.difficulty_levels`), or None when it declares none.
+def difficulty_of(id: str, kwargs: Mapping[str, Any] | None = None) -> Difficulty | None:
+    """The difficulty levels env `id` built with `kwargs` plays, or None when it declares none.
+
+    `TextEnv.difficulty_for`: its declared `TextEnv.difficulty_levels`, narrowed by an argument such as
+    ``task_types``.
 
     Imports the env's class (as `make` does) but builds no env. A factory that is not a class, and a served env's
     stand-in class, declare none.
@@ -245,8 +248,10 @@ def difficulty_of(id: str) -> Difficulty | None:
     s = spec(id)
     with loading(id):
         factory = s.load()
-    declared = getattr(factory, "difficulty_levels", None) if isinstance(factory, type) else None
-    return declared if isinstance(declared, Difficulty) else None
+    if not isinstance(factory, type) or not isinstance(getattr(factory, "difficulty_levels", None), Difficulty):
+        return None
+    narrow = getattr(factory, "difficulty_for", None)
+    return narrow(dict(kwargs or {})) if narrow is not None else factory.difficulty_levels
 
 
 @contextmanager

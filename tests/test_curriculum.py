@@ -418,6 +418,33 @@ def test_task_type_levels_draw_that_task_type(env_id):
         env.close()
 
 
+@pytest.mark.parametrize("env_id, types", [("alfworld", ["pick_two_obj_and_place", "pick_and_place_simple"]),
+                                           ("gui", ["toggle_setting", "disable_alarm", "contact_phone"])])
+def test_task_types_narrow_the_levels_a_curriculum_draws(env_id, types):
+    """Found in review: a GUI run on three task types had a curriculum over all eight, so a 'success' curriculum
+    trained mostly on types the run, its SFT data and its held-out tasks never had."""
+    from agentrl.envs.registry import difficulty_of
+
+    declared = difficulty_of(env_id)
+    levels = difficulty_of(env_id, {"task_types": types})
+    assert levels.levels == tuple(t for t in declared.levels if t in types)  # easiest first, as declared
+    assert difficulty_of(env_id, {"task_types": types[0]}).levels == (types[0],)  # one type given bare
+    env = agentrl.make(env_id, task_types=types)
+    try:
+        for k, name in enumerate(levels.levels):  # the env reads level k within its own task types
+            assert {env.reset(seed=levels.task_seed(s, k))[1]["task_type"] for s in range(3)} == {name}
+        with pytest.raises(ValueError, match="level index"):
+            env.reset(seed=levels.task_seed(0, len(types)))
+    finally:
+        env.close()
+    curriculum = Curriculum.for_env("success", {}, env_id=env_id, levels=levels, seed_offset=0, prompts_per_step=4,
+                                    max_turns=8, run_seed=0)
+    drawn = {levels.split(seed)[0] for step in range(20) for seed in curriculum.seeds(step)}
+    assert drawn == set(types)
+    with pytest.raises(ValueError, match="unknown level"):
+        difficulty_of(env_id, {"task_types": ["no_such_type"]})
+
+
 def test_code_levels_draw_that_procedural_level():
     env = agentrl.make("code")
     levels = type(env).difficulty_levels

@@ -172,7 +172,8 @@ def build_curriculum(cfg: RunConfig, state: TrainerState | None) -> Curriculum |
         return None
     try:
         curriculum = Curriculum.for_env(cfg.curriculum.policy, cfg.curriculum.options, env_id=cfg.env.id,
-                                        levels=difficulty_of(cfg.env.id), seed_offset=cfg.env.seed_offset,
+                                        levels=difficulty_of(cfg.env.id, cfg.env.kwargs),
+                                        seed_offset=cfg.env.seed_offset,
                                         prompts_per_step=cfg.scheduler.prompts_per_step, max_turns=cfg.env.max_turns,
                                         run_seed=cfg.seed)
     except CurriculumError as e:

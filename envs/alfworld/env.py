@@ -54,9 +54,9 @@ class AlfworldEnv(TextEnv):
 
     Difficulty (`difficulty_levels`, for curricula): the six task types, ordered by the mean length of the expert's
     solution over 30 generated train games each (5.8 steps for look_at_obj_in_light up to 11.5 for
-    pick_cool_then_place_in_recep): a seed that asks for a level generates a game of that type, whatever
-    ``task_types`` says. A fixed game (``game_file``) plays as always. The step budget is the other axis of
-    difficulty: the ``horizon`` curriculum grows the run's ``env.max_turns`` over training.
+    pick_cool_then_place_in_recep), narrowed to ``task_types`` when given (`difficulty_for`): a seed that asks for a
+    level generates a game of that type. A fixed game (``game_file``) plays as always. The step budget is the other
+    axis of difficulty: the ``horizon`` curriculum grows the run's ``env.max_turns`` over training.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -68,6 +68,7 @@ class AlfworldEnv(TextEnv):
         ("look_at_obj_in_light", "pick_and_place_simple", "pick_clean_then_place_in_recep",
          "pick_heat_then_place_in_recep", "pick_two_obj_and_place", "pick_cool_then_place_in_recep"),
         "the task type, ordered by the length of the expert's solution")
+    difficulty_narrowed_by: ClassVar[str | None] = "task_types"
     # What a client of a served ALFWorld may set per session: data only; `game_file` (a file the server would read)
     # is the operator's, set with --env-arg. `task_types` takes one type from a client (a list only from the operator).
     client_settings: ClassVar[Mapping[str, ClientSetting]] = {
@@ -97,6 +98,7 @@ class AlfworldEnv(TextEnv):
         bad = [t for t in self.task_types if t not in TASK_TYPES]
         if bad or not self.task_types:
             raise ValueError(f"unknown task_types {bad or '(empty)'}; expected a subset of {', '.join(TASK_TYPES)}")
+        self.levels = self.difficulty_for({"task_types": self.task_types})
         self.split = split
         self.grammar = GRAMMARS[grammar]
         self.max_steps = max_steps
@@ -133,7 +135,7 @@ class AlfworldEnv(TextEnv):
             return obs, self._info()
         game = (options or {}).get("game") or self._fixed_game
         if game is None:
-            level, _ = self.difficulty_levels.split(seed)
+            level, _ = self.levels.split(seed)
             game_seed = int(self.np_random.integers(2**31 - 1))
             types = self.task_types if level is None else (level,)
             game = generate_game(game_seed, self.split, types, catalogue=self._catalogue)

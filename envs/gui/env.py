@@ -103,14 +103,15 @@ class GuiEnv(TextEnv):
             a served env cannot set it.
 
     Difficulty (`difficulty_levels`, for curricula): the eight task types, ordered by the mean length of the expert's
-    solution over 30 generated phones each (3 steps for disable_alarm up to 6 for add_contact and set_alarm): a seed
-    that asks for a level draws a task of that type, whatever ``task_types`` says.
+    solution over 30 generated phones each (3 steps for disable_alarm up to 6 for add_contact and set_alarm), narrowed
+    to ``task_types`` when given (`difficulty_for`): a seed that asks for a level draws a task of that type.
     """
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     difficulty_levels: ClassVar[Difficulty | None] = Difficulty(
         ("disable_alarm", "contact_phone", "toggle_setting", "delete_contact", "send_message", "buy_cheapest",
          "add_contact", "set_alarm"), "the task type, ordered by the length of the expert's solution")
+    difficulty_narrowed_by: ClassVar[str | None] = "task_types"
     # Screens answer the agent's taps: as tool results they keep Qwen3's token prefix, so an episode trains as one
     # sample, not one per step (see agentrl.chat.layout).
     rollout_defaults: ClassVar[dict[str, Any]] = {"observation_role": "tool"}
@@ -167,6 +168,7 @@ class GuiEnv(TextEnv):
         unknown = [t for t in self.task_types if t not in TASK_TYPES]
         if unknown:
             raise ValueError(f"unknown task types {unknown}; choose from {', '.join(TASK_TYPES)}")
+        self.levels = self.difficulty_for({"task_types": self.task_types})
         self.max_steps = max_steps
         self.screenshots = screenshots
         self.renderer = _make_renderer(renderer, shared)
@@ -180,7 +182,7 @@ class GuiEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Draw a new phone and task from `self.np_random`; the phone starts on the home screen."""
         super(TextEnv, self).reset(seed=seed)
-        level, _ = self.difficulty_levels.split(seed)
+        level, _ = self.levels.split(seed)
         state = generate_world(self.np_random)
         self.task = sample_task(self.np_random, state, self.task_types if level is None else (level,))
         if self.phone is None:
