@@ -58,7 +58,7 @@ def _fsdp(workers: int):
     return FSDPBackend(WorkerSpec("tiny-qwen3", lr=1e-3), workers, placement), placement
 
 
-def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray):
+def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray, tmp_path):
     from agentrl.models import load_model
     from agentrl.training.single import SingleProcessBackend
 
@@ -70,6 +70,8 @@ def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray):
     for workers in (1, 2):
         backend, placement = _fsdp(workers)
         try:
+            if workers == 1:  # a checkpoint before any update (a run whose first steps trained nothing) changes nothing
+                backend.save(tmp_path / "before_any_update")
             norms, weights = _two_updates(backend)
         finally:
             backend.close()

@@ -99,6 +99,16 @@ def test_a_step_without_update_still_logs_its_rollout(tmp_path):
     assert all(r["update_skipped"] == 0.0 for r in trained)
 
 
+def test_async_steps_without_update_do_not_stall_the_producer(tmp_path):
+    # Found in review: async mode advanced the trainer's version only after an update, so two steps in a row
+    # without one (every group left out) left the producer waiting on the staleness bound and the trainer on it.
+    cfg = tiny_config(tmp_path, **{"env.id": "expert-only-test", "loss.dynamic_sampling": True, "steps": 4,
+                                   "scheduler.async_rollout": True})
+    out = train(cfg, progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(r["update_skipped"] == 1.0 for r in rows)
+
+
 class OddTasksAlikeEnv(ParityEnv):
     """Odd task seeds pay every reply alike (their groups have no variance); even ones pay by the reply's length
     modulo 5 (five levels: a group of 4 replies of random lengths is almost never alike)."""

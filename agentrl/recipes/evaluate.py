@@ -712,11 +712,10 @@ def _print_judge(console, cfg: EvalConfig, reward: RewardConfig, source: str, tr
         judge = trained_run.reward.judge
         if cfg.protocol:
             why = f"protocol {cfg.protocol.protocol.name} fixes the score"
-        elif cfg.reward_from_run:
-            why = "--reward.judge.endpoint \"\""
-        else:
-            why = (f"the run's judge is used only with --reward-from-run, since it sends the episodes to "
-                   f"{judge.endpoint}" + (f" with ${judge.api_key_env} as the key" if judge.api_key_env else ""))
+        else:  # --reward.judge.endpoint "" with --reward-from-run lands here too (it turns the flag off)
+            why = (f"the run's judge is used only with --reward-from-run (and no empty --reward.judge.endpoint), "
+                   f"since it sends the episodes to {judge.endpoint}"
+                   + (f" with ${judge.api_key_env} as the key" if judge.api_key_env else ""))
         console.print(f"judge: none ({why}; the training run's was {judge.model}): the env's rule reward alone")
 
 

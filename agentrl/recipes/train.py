@@ -227,6 +227,7 @@ def train_step(run: Run, step: int, *, say, show) -> None:
         save_rollout(run, trajectories)
     if not trajectories:
         count_failed_step(run, step, rollout.stats, say)
+        run.scheduler.updated(step)  # async mode: the step is done, unchanged weights (else the producer stalls)
         checkpoint_if_due(run, step, say)
         return
     run.failed_steps = 0
@@ -243,6 +244,7 @@ def train_step(run: Run, step: int, *, say, show) -> None:
             "update_skipped": 1.0, "rollout_seconds": t_rollout, "step_seconds": time.perf_counter() - t_start,
             "trainer_restarts": run.restarts,
         } | live, trajectories)
+        run.scheduler.updated(step)  # async mode: the step is done, unchanged weights (else the producer stalls)
         checkpoint_if_due(run, step, say)
         return
 

@@ -87,10 +87,13 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, work: Path, common: l
         walls["load_1m_after"] = load_1m()
         run.mkdir(parents=True, exist_ok=True)
         walls_file.write_text(json.dumps(walls))
-    rows = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
-    record: dict = {"arm": arm, "seed": seed, "steps_done": len(rows),
+    metrics = run / "metrics.jsonl"
+    rows = [r for r in read_jsonl(metrics) if "event" not in r] if metrics.exists() else []  # no restart events
+    record: dict = {"arm": arm, "seed": seed, "steps_done": len({r["step"] for r in rows}),
                     "per_step": {k: [r.get(k) for r in rows] for k in PER_STEP}}
-    if walls["train_rc"] == 0 and (run / "checkpoint").is_dir():
+    state = run / "checkpoint" / "trainer_state.json"
+    if walls["train_rc"] == 0 and state.exists():
+        record["checkpoint_step"] = json.loads(state.read_text())["step"]
         if not (run / "eval" / "results.json").exists():
             walls["eval_rc"], walls["eval_s"] = run_logged(agentrl_command(
                 *common, "--model", str(run / "checkpoint"), "--output", str(run / "eval")), log, env=env)
@@ -105,7 +108,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, work: Path, common: l
                 counts[1] += 1
             record["heldout_by_task_type"] = by_type
     record |= walls
-    record["compared"] = "heldout" in record and record["steps_done"] == args.steps
+    # Compared: evaluated at the last step (the guard may keep an earlier checkpoint of a run that ended unhealthy).
+    record["compared"] = "heldout" in record and record.get("checkpoint_step") == args.steps - 1
     return record
 
 
@@ -178,7 +182,8 @@ def main() -> None:
                       "sft_phase": sft, "load_1m_at_start": load_at_start, "load_1m_now": load_1m(),
                       "work": os.path.relpath(work, ROOT), "records": records, "summary": summarize(records),
                       "vs": {"success - uniform": compare_runs(by_arm, "success", "uniform", args.seeds)},
-                      "not_compared": [{k: r.get(k) for k in ("seed", "arm", "train_rc", "eval_rc", "steps_done")}
+                      "not_compared": [{k: r.get(k) for k in ("seed", "arm", "train_rc", "eval_rc", "steps_done",
+                                                           "checkpoint_step")}
                                        for r in records if not r["compared"]]}
             write_json(out, result)
     plot(result, out.with_suffix(".png"))

@@ -11,10 +11,13 @@ SmolLM2-135M-Instruct on easy arithmetic, MiniRL, 20 steps of 4 tasks x 8 episod
 and the arms differ in which groups a step trains on:
 
 - ``today``: the recipe as shipped: each step's 4 tasks, every group in the batch (a group whose 8 episodes all got
-  the same reward has zero advantage and adds nothing but compute);
+  the same reward has zero advantage: no gradient of its own, but MiniRL's mean over sequences counts its samples,
+  so it shrinks the step's update);
 - ``refill``: DAPO's dynamic sampling (``--loss.dynamic-sampling --scheduler.max-oversample 3``): groups without
-  mixed rewards are left out and the step rolls out more tasks, in rounds of 4, until it has 4 mixed groups or has
-  drawn 12 tasks (`agentrl.rollout.refill`).
+  mixed rewards are left out and the step rolls out more tasks, in rounds of at most 4 sized by the mixed rate seen
+  so far, until it has 4 mixed groups or has drawn 12 tasks (`agentrl.rollout.refill`). The difference between the
+  arms is therefore both more mixed groups and a larger update per step (no zero-advantage samples in the mean); an
+  arm with the filter alone (``--loss.dynamic-sampling``) would separate the two.
 
 Each checkpoint is evaluated on the 64 held-out tasks as every main-job study evaluates (`agentrl eval --env math
 --model RUN/checkpoint --episodes 64 --engine hf --output RUN/eval`: task seeds from 1,000,000, one episode each, the
@@ -92,10 +95,13 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict
         walls["load_1m_after"] = load_1m()
         run.mkdir(parents=True, exist_ok=True)  # a run that failed before its first line has no folder
         walls_file.write_text(json.dumps(walls))
-    rows = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
-    record: dict = {"arm": arm, "seed": seed, "steps_done": len(rows),
+    metrics = run / "metrics.jsonl"
+    rows = [r for r in read_jsonl(metrics) if "event" not in r] if metrics.exists() else []  # no restart events
+    record: dict = {"arm": arm, "seed": seed, "steps_done": len({r["step"] for r in rows}),
                     "per_step": {k: [r.get(k) for r in rows] for k in PER_STEP}}
-    if walls["train_rc"] == 0 and (run / "checkpoint").is_dir():
+    state = run / "checkpoint" / "trainer_state.json"
+    if walls["train_rc"] == 0 and state.exists():
+        record["checkpoint_step"] = json.loads(state.read_text())["step"]
         if not (run / "eval" / "results.json").exists():
             walls["eval_rc"], walls["eval_s"] = run_logged(agentrl_command(
                 "eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes", str(args.episodes),
@@ -105,7 +111,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict
             res = json.loads((run / "eval" / "results.json").read_text())
             record["heldout"] = {k: res["overall"]["success_rate"][k] for k in ("estimate", "low", "high")}
     record |= walls
-    record["compared"] = "heldout" in record and record["steps_done"] == args.steps
+    # Compared: evaluated at the last step (the guard may keep an earlier checkpoint of a run that ended unhealthy).
+    record["compared"] = "heldout" in record and record.get("checkpoint_step") == args.steps - 1
     drawn = [v for v in record["per_step"]["dynamic_sampling_groups_drawn"] if v is not None]
     record["groups_drawn_total"] = sum(drawn) if drawn else args.steps * 4
     return record
@@ -168,7 +175,8 @@ def main() -> None:
                       "load_1m_at_start": load_at_start, "load_1m_now": load_1m(),
                       "runs": os.path.relpath(runs, ROOT), "records": records, "summary": summarize(records),
                       "vs": {"refill - today": compare_runs(by_arm, "refill", "today", args.seeds)},
-                      "not_compared": [{k: r.get(k) for k in ("seed", "arm", "train_rc", "eval_rc", "steps_done")}
+                      "not_compared": [{k: r.get(k) for k in ("seed", "arm", "train_rc", "eval_rc", "steps_done",
+                                                           "checkpoint_step")}
                                        for r in records if not r["compared"]]}
             write_json(out, result)
     plot(result, out.with_suffix(".png"))
