@@ -209,7 +209,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(range(len(COLORS)), list(COLORS))
     ax.set(title=f"held-out success per run ({result['episodes']} tasks)", ylim=(0, 1))
     axes[0].legend(fontsize=6)
-    fig.suptitle(f"{result['env']}: RL from one SFT checkpoint, {result['steps']} steps, seeds {result['seeds']}: "
+    seeds = sorted({r["seed"] for r in result["records"]})  # the seeds run (a stopped study ran fewer than asked)
+    fig.suptitle(f"{result['env']}: RL from one SFT checkpoint, {result['steps']} steps, seeds {seeds}: "
                  f"uniform tasks against the 'success' curriculum")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
