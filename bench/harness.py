@@ -239,3 +239,20 @@ def plot_seed_curves(axes, records: Iterable[dict], curves: Sequence[tuple[str, 
         ax.set(title=title, xlabel="step")
         if key in ("kl_k3", "mismatch_kl_k3"):
             ax.set_yscale("symlog", linthresh=1e-6)
+
+
+def plot_heldout_per_run(ax, records: Iterable[dict], colors: dict[str, str], episodes: int) -> None:
+    """One panel: every compared run's held-out success as a dot per arm (seeds side by side), each arm's mean a line.
+
+    `records` are a study's run records (``arm``, ``seed``, ``compared``, ``heldout`` {``estimate``}); arms in the
+    order of `colors`.
+    """
+    records = list(records)
+    for i, arm in enumerate(colors):
+        done = [r for r in records if r["arm"] == arm and r["compared"]]
+        for r in done:
+            ax.scatter([i + 0.08 * (r["seed"] % 5 - 2)], [r["heldout"]["estimate"]], color=colors[arm])
+        if done:
+            ax.hlines(statistics.fmean(r["heldout"]["estimate"] for r in done), i - 0.25, i + 0.25, color=colors[arm])
+    ax.set_xticks(range(len(colors)), list(colors))
+    ax.set(title=f"held-out success per run ({episodes} tasks)", ylim=(0, 1))

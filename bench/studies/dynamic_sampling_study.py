@@ -52,6 +52,7 @@ from bench.harness import (  # noqa: E402
     compare_runs,
     held_out_by_run,
     load_1m,
+    plot_heldout_per_run,
     plot_seed_curves,
     read_jsonl,
     run_logged,
@@ -192,15 +193,7 @@ def plot(result: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 4))
     plot_seed_curves(axes, result["records"], CURVES, COLORS)
-    ax = axes[-1]
-    for i, arm in enumerate(COLORS):
-        done = [r for r in result["records"] if r["arm"] == arm and r["compared"]]
-        for r in done:
-            ax.scatter([i + 0.08 * (r["seed"] % 5 - 2)], [r["heldout"]["estimate"]], color=COLORS[arm])
-        if done:
-            ax.hlines(statistics.fmean(r["heldout"]["estimate"] for r in done), i - 0.25, i + 0.25, color=COLORS[arm])
-    ax.set_xticks(range(len(COLORS)), list(COLORS))
-    ax.set(title=f"held-out success per run ({result['episodes']} tasks)", ylim=(0, 1))
+    plot_heldout_per_run(axes[-1], result["records"], COLORS, result["episodes"])
     axes[0].legend(fontsize=6)
     fig.suptitle(f"the main job, {result['steps']} steps, seeds {result['seeds']}: today's step against dynamic "
                  f"sampling that refills (up to 3x the tasks)")
