@@ -4,6 +4,8 @@
     python bench/studies/curriculum_study.py --env gui --smoke --init smollm2-135m   # 1 step per arm, 8 held-out
                                                           # tasks, seed 0, from the base model (no SFT), into
                                                           # runs/curriculum_gui_smoke/
+    python bench/studies/curriculum_study.py --env gui --smoke --init tiny-qwen3 --engine hf --engine-dtype float32
+                                                          # the same with a random tiny model, in about 2 minutes
     python bench/studies/curriculum_study.py --env gui --plot-only        # redraw the figure from the JSON
 
 One SFT checkpoint (``configs/<env>-sft.yaml``, trained once into ``<work>/sft`` unless it is there), then RL runs
