@@ -134,13 +134,16 @@ class TextEnv(gym.Env[str, str]):
         level seed against the same narrowed levels (its instance calls this with its own arguments).
 
         Raises:
-            ValueError: the argument names a level the env does not have.
+            ValueError: the argument names a level the env does not have (the message starts with its name).
         """
         levels, key = cls.difficulty_levels, cls.difficulty_narrowed_by
         if levels is None or key is None or not kwargs.get(key):
             return levels
         value = kwargs[key]
-        return levels.only([value] if isinstance(value, str) else list(value))
+        try:
+            return levels.only([value] if isinstance(value, str) else list(value))
+        except ValueError as e:
+            raise ValueError(f"{key}: {e}") from None
 
     # reset(*, seed=None, options=None) -> (obs, info) is gymnasium's: subclasses call
     # `super().reset(seed=seed)` first (it seeds `self.np_random`), then build the episode from `self.np_random`.

@@ -244,14 +244,15 @@ def difficulty_of(id: str, kwargs: Mapping[str, Any] | None = None) -> Difficult
 
     Raises:
         UnknownEnvError, EnvLoadError, EnvExtraError: as `spec` and `make`.
+        ValueError: `kwargs` (or the registered defaults) narrow the levels to ones the env does not have.
     """
     s = spec(id)
     with loading(id):
         factory = s.load()
     if not isinstance(factory, type) or not isinstance(getattr(factory, "difficulty_levels", None), Difficulty):
         return None
-    narrow = getattr(factory, "difficulty_for", None)
-    return narrow(dict(kwargs or {})) if narrow is not None else factory.difficulty_levels
+    narrow = getattr(factory, "difficulty_for", None)  # with the arguments `make` would pass, defaults included
+    return narrow({**s.defaults, **(kwargs or {})}) if narrow is not None else factory.difficulty_levels
 
 
 @contextmanager

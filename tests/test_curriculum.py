@@ -441,8 +441,16 @@ def test_task_types_narrow_the_levels_a_curriculum_draws(env_id, types):
                                     max_turns=8, run_seed=0)
     drawn = {levels.split(seed)[0] for step in range(20) for seed in curriculum.seeds(step)}
     assert drawn == set(types)
-    with pytest.raises(ValueError, match="unknown level"):
+    with pytest.raises(ValueError, match="task_types: unknown level"):
         difficulty_of(env_id, {"task_types": ["no_such_type"]})
+    # Through a run's set-up: one line naming the argument, not a traceback.
+    from agentrl.config import ConfigError, RunConfig, apply_overrides
+    from agentrl.recipes.setup import build_curriculum
+
+    cfg = apply_overrides(RunConfig(), {"env.id": env_id, "env.kwargs": {"task_types": ["no_such_type"]},
+                                        "curriculum.policy": "success"})
+    with pytest.raises(ConfigError, match=r"env\.kwargs\.task_types: unknown level\(s\) \['no_such_type'\]"):
+        build_curriculum(cfg, None)
 
 
 def test_code_levels_draw_that_procedural_level():

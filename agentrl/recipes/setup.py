@@ -171,9 +171,12 @@ def build_curriculum(cfg: RunConfig, state: TrainerState | None) -> Curriculum |
     if cfg.agent.function:  # agent rollouts play the step's tasks in seed order (the config refuses other policies)
         return None
     try:
+        levels = difficulty_of(cfg.env.id, cfg.env.kwargs)
+    except ValueError as e:  # an env argument that narrows the levels names one the env does not have
+        raise ConfigError(f"env.kwargs.{e}") from None
+    try:
         curriculum = Curriculum.for_env(cfg.curriculum.policy, cfg.curriculum.options, env_id=cfg.env.id,
-                                        levels=difficulty_of(cfg.env.id, cfg.env.kwargs),
-                                        seed_offset=cfg.env.seed_offset,
+                                        levels=levels, seed_offset=cfg.env.seed_offset,
                                         prompts_per_step=cfg.scheduler.prompts_per_step, max_turns=cfg.env.max_turns,
                                         run_seed=cfg.seed)
     except CurriculumError as e:

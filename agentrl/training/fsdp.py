@@ -293,7 +293,7 @@ class TrainerWorker:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(folder) / SHARDS_DIR))
         if unstepped:  # get_state_dict fills an empty optimizer with a step of lr 0 (AdamW's count 1, zero moments):
-            self.optimizer.state.clear()  # unrolled, the first real update is as large as the one-process backend's
+            self.optimizer.state.clear()  # emptied again, the first real update is the one-process backend's
         lora = self.spec.lora
         full = self.full_weights() if lora is None or lora.save_merged else None
         adapter = self.adapter_weights() if lora is not None else None
