@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -256,3 +257,49 @@ def plot_heldout_per_run(ax, records: Iterable[dict], colors: dict[str, str], ep
             ax.hlines(statistics.fmean(r["heldout"]["estimate"] for r in done), i - 0.25, i + 0.25, color=colors[arm])
     ax.set_xticks(range(len(colors)), list(colors))
     ax.set(title=f"held-out success per run ({episodes} tasks)", ylim=(0, 1))
+
+
+def train_then_evaluate(run: Path, log: Path, train: Sequence[str], evaluate: Sequence[str], per_step: Sequence[str],
+                        steps: int) -> tuple[dict, dict | None]:
+    """One run of a seeded study, resumable: train into `run` (unless it wrote its exit code), then evaluate its
+    checkpoint into ``run/eval`` (unless that holds results); the run's record and the eval's results.json (or None).
+
+    `train` is the ``agentrl run`` command (its ``--output`` is `run`); `evaluate` the ``agentrl eval`` command
+    without ``--model`` and ``--output``, which are added. Exit codes, wall seconds and the load around the training
+    go to ``run/walls.json``, so a second call rebuilds the record without running anything; a run the study was
+    stopped in the middle of (a folder without them) is deleted and run again. The record: ``steps_done`` (distinct
+    steps in metrics.jsonl, trainer-restart events left out), ``per_step`` {key: values} for `per_step`,
+    ``checkpoint_step``, ``heldout`` (success estimate and Wilson bounds), the walls, and ``compared``: evaluated at
+    the last of `steps` (the collapse guard may keep an earlier checkpoint of a run that ended unhealthy).
+    """
+    walls_file = run / "walls.json"
+    walls = json.loads(walls_file.read_text()) if walls_file.exists() else {}
+    env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
+    if "train_rc" not in walls:
+        if run.exists():
+            print(f"{run}: the study was stopped during this run; run again from the start", flush=True)
+            shutil.rmtree(run)
+            walls = {}
+        walls["load_1m_before"] = load_1m()
+        walls["train_rc"], walls["train_s"] = run_logged(train, log, env=env)
+        walls["load_1m_after"] = load_1m()
+        run.mkdir(parents=True, exist_ok=True)  # a run that failed before its first line has no folder
+        walls_file.write_text(json.dumps(walls))
+    metrics = run / "metrics.jsonl"
+    rows = [r for r in read_jsonl(metrics) if "event" not in r] if metrics.exists() else []
+    record: dict = {"steps_done": len({r["step"] for r in rows}),
+                    "per_step": {k: [r.get(k) for r in rows] for k in per_step}}
+    results = None
+    state = run / "checkpoint" / "trainer_state.json"
+    if walls["train_rc"] == 0 and state.exists():
+        record["checkpoint_step"] = json.loads(state.read_text())["step"]
+        if not (run / "eval" / "results.json").exists():
+            walls["eval_rc"], walls["eval_s"] = run_logged(
+                [*evaluate, "--model", str(run / "checkpoint"), "--output", str(run / "eval")], log, env=env)
+            walls_file.write_text(json.dumps(walls))
+        if (run / "eval" / "results.json").exists():
+            results = json.loads((run / "eval" / "results.json").read_text())
+            record["heldout"] = {k: results["overall"]["success_rate"][k] for k in ("estimate", "low", "high")}
+    record |= walls
+    record["compared"] = "heldout" in record and record.get("checkpoint_step") == steps - 1
+    return record, results

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -55,8 +54,7 @@ from bench.harness import (  # noqa: E402
     load_1m,
     plot_heldout_per_run,
     plot_seed_curves,
-    read_jsonl,
-    run_logged,
+    train_then_evaluate,
     write_json,
 )
 
@@ -73,47 +71,20 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, work: Path, common: l
     """Train one arm of one seed from the SFT checkpoint (unless done) and evaluate it (unless done); its record."""
     folder = work / f"seed{seed}"
     folder.mkdir(exist_ok=True)
-    run, log = folder / arm, folder / f"{arm}.log"
-    walls_file = run / "walls.json"
-    walls = json.loads(walls_file.read_text()) if walls_file.exists() else {}
-    env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
-    if "train_rc" not in walls:
-        if run.exists():
-            print(f"seed {seed} {arm}: the study was stopped during this run; run again from the start", flush=True)
-            shutil.rmtree(run)
-            walls = {}
-        walls["load_1m_before"] = load_1m()
-        walls["train_rc"], walls["train_s"] = run_logged(agentrl_command(
-            "run", "--config", str(work / "rl.yaml"), "--steps", str(args.steps), "--seed", str(seed),
-            "--engine", args.engine, "--engine-dtype", args.engine_dtype, *ARMS[arm], "--output", str(run),
-            "--overwrite"), log, env=env)
-        walls["load_1m_after"] = load_1m()
-        run.mkdir(parents=True, exist_ok=True)
-        walls_file.write_text(json.dumps(walls))
-    metrics = run / "metrics.jsonl"
-    rows = [r for r in read_jsonl(metrics) if "event" not in r] if metrics.exists() else []  # no restart events
-    record: dict = {"arm": arm, "seed": seed, "steps_done": len({r["step"] for r in rows}),
-                    "per_step": {k: [r.get(k) for r in rows] for k in PER_STEP}}
-    state = run / "checkpoint" / "trainer_state.json"
-    if walls["train_rc"] == 0 and state.exists():
-        record["checkpoint_step"] = json.loads(state.read_text())["step"]
-        if not (run / "eval" / "results.json").exists():
-            walls["eval_rc"], walls["eval_s"] = run_logged(agentrl_command(
-                *common, "--model", str(run / "checkpoint"), "--output", str(run / "eval")), log, env=env)
-            walls_file.write_text(json.dumps(walls))
-        if (run / "eval" / "results.json").exists():
-            res = json.loads((run / "eval" / "results.json").read_text())
-            record["heldout"] = {k: res["overall"]["success_rate"][k] for k in ("estimate", "low", "high")}
-            by_type: dict[str, list[int]] = {}
-            for e in res["episodes"]:
-                counts = by_type.setdefault(str(e.get("task_type")), [0, 0])
-                counts[0] += bool(e.get("success"))
-                counts[1] += 1
-            record["heldout_by_task_type"] = by_type
-    record |= walls
-    # Compared: evaluated at the last step (the guard may keep an earlier checkpoint of a run that ended unhealthy).
-    record["compared"] = "heldout" in record and record.get("checkpoint_step") == args.steps - 1
-    return record
+    run = folder / arm
+    train = agentrl_command("run", "--config", str(work / "rl.yaml"), "--steps", str(args.steps), "--seed", str(seed),
+                            "--engine", args.engine, "--engine-dtype", args.engine_dtype, *ARMS[arm], "--output",
+                            str(run), "--overwrite")
+    record, results = train_then_evaluate(run, folder / f"{arm}.log", train, agentrl_command(*common), PER_STEP,
+                                          args.steps)
+    if results is not None:
+        by_type: dict[str, list[int]] = {}
+        for e in results["episodes"]:
+            counts = by_type.setdefault(str(e.get("task_type")), [0, 0])
+            counts[0] += bool(e.get("success"))
+            counts[1] += 1
+        record["heldout_by_task_type"] = by_type
+    return {"arm": arm, "seed": seed, **record}
 
 
 def summarize(records: list[dict]) -> dict:

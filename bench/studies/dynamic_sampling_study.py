@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -54,8 +53,7 @@ from bench.harness import (  # noqa: E402
     load_1m,
     plot_heldout_per_run,
     plot_seed_curves,
-    read_jsonl,
-    run_logged,
+    train_then_evaluate,
     write_json,
 )
 
@@ -82,41 +80,13 @@ def train_command(arm: str, seed: int, args: argparse.Namespace, run: Path) -> l
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict:
     """Train one arm of one seed (unless it finished before) and evaluate its checkpoint (unless done); its record."""
-    run, log = folder / arm, folder / f"{arm}.log"
-    walls_file = run / "walls.json"
-    walls = json.loads(walls_file.read_text()) if walls_file.exists() else {}
-    env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
-    if "train_rc" not in walls:
-        if run.exists():
-            print(f"seed {seed} {arm}: the study was stopped during this run; run again from the start", flush=True)
-            shutil.rmtree(run)
-            walls = {}
-        walls["load_1m_before"] = load_1m()
-        walls["train_rc"], walls["train_s"] = run_logged(train_command(arm, seed, args, run), log, env=env)
-        walls["load_1m_after"] = load_1m()
-        run.mkdir(parents=True, exist_ok=True)  # a run that failed before its first line has no folder
-        walls_file.write_text(json.dumps(walls))
-    metrics = run / "metrics.jsonl"
-    rows = [r for r in read_jsonl(metrics) if "event" not in r] if metrics.exists() else []  # no restart events
-    record: dict = {"arm": arm, "seed": seed, "steps_done": len({r["step"] for r in rows}),
-                    "per_step": {k: [r.get(k) for r in rows] for k in PER_STEP}}
-    state = run / "checkpoint" / "trainer_state.json"
-    if walls["train_rc"] == 0 and state.exists():
-        record["checkpoint_step"] = json.loads(state.read_text())["step"]
-        if not (run / "eval" / "results.json").exists():
-            walls["eval_rc"], walls["eval_s"] = run_logged(agentrl_command(
-                "eval", "--env", "math", "--model", str(run / "checkpoint"), "--episodes", str(args.episodes),
-                "--engine", "hf", "--output", str(run / "eval")), log, env=env)
-            walls_file.write_text(json.dumps(walls))
-        if (run / "eval" / "results.json").exists():
-            res = json.loads((run / "eval" / "results.json").read_text())
-            record["heldout"] = {k: res["overall"]["success_rate"][k] for k in ("estimate", "low", "high")}
-    record |= walls
-    # Compared: evaluated at the last step (the guard may keep an earlier checkpoint of a run that ended unhealthy).
-    record["compared"] = "heldout" in record and record.get("checkpoint_step") == args.steps - 1
+    run = folder / arm
+    evaluate = agentrl_command("eval", "--env", "math", "--episodes", str(args.episodes), "--engine", "hf")
+    record, _ = train_then_evaluate(run, folder / f"{arm}.log", train_command(arm, seed, args, run), evaluate,
+                                    PER_STEP, args.steps)
     drawn = [v for v in record["per_step"]["dynamic_sampling_groups_drawn"] if v is not None]
     record["groups_drawn_total"] = sum(drawn) if drawn else args.steps * 4
-    return record
+    return {"arm": arm, "seed": seed, **record}
 
 
 def summarize(records: list[dict]) -> dict:
