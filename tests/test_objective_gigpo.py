@@ -19,6 +19,7 @@ from agentrl.objective import (
     gigpo_advantages,
     turn_advantages,
 )
+from agentrl.objective.gigpo import StepGroupStats, step_group_stats
 from agentrl.records import Trajectory, Turn
 
 
@@ -43,6 +44,18 @@ def test_gigpo_mean_norm_hand_worked():
     assert adv[2] == (0.0,)
     half = gigpo_advantages(_episodes(), gamma=0.5, step_weight=0.5, normalize_std=False)
     assert half[0] == pytest.approx((0.5625, 0.625, 0.5))
+
+
+def test_step_group_stats_hand_worked():
+    # _episodes(), gamma 0.5: 7 steps; (0, s0) = {a0: 0.25, b0: 0} and (0, s1) = {a1: 0.5, b2: 0} are shared and mixed
+    # (4 steps); s2, s3 and group 1's s0 are alone.
+    assert step_group_stats(_episodes(), gamma=0.5) == StepGroupStats(4 / 7, 4 / 7)
+    # Shared anchors with equal returns are not mixed: rewards (0, 1) and (1, 0) from x give returns 1 and 1 at
+    # gamma 1, 0.5 and 1 at gamma 0.5; from y, 1 and 0 either way.
+    two = [EpisodeSteps(0, ("x", "y"), (0.0, 1.0)), EpisodeSteps(0, ("x", "y"), (1.0, 0.0))]
+    assert step_group_stats(two, gamma=1.0) == StepGroupStats(1.0, 0.5)
+    assert step_group_stats(two, gamma=0.5) == StepGroupStats(1.0, 1.0)
+    assert step_group_stats([], gamma=0.5) == StepGroupStats(0.0, 0.0)
 
 
 def test_gigpo_mean_std_norm_hand_worked():

@@ -100,6 +100,8 @@ def test_stale_turns_pay_the_kl_reward_penalty_and_leave_only_the_loss(tmp_path)
             trained = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
             torch.testing.assert_close(batch.ref_logp[i][trained], want[trained], atol=1e-4, rtol=1e-4)
     assert batch.metrics["kl_reward_penalty_mean"] == pytest.approx(float(penalty[0]))  # both pay the same
+    # Both episodes acted from "q", then "o", with the same per-turn rewards: every step shared, none mixed.
+    assert (batch.metrics["step_groups_shared_frac"], batch.metrics["step_groups_mixed_frac"]) == (1.0, 0.0)
 
 
 def test_collate_spreads_per_turn_advantages_over_tokens():

@@ -33,7 +33,8 @@ from typing import Any
 from agentrl.records import Trajectory
 
 __all__ = [
-    "EpisodeSteps", "GiGPOOptions", "episode_steps", "gigpo_advantages", "gigpo_step_advantages", "discounted_returns",
+    "EpisodeSteps", "GiGPOOptions", "StepGroupStats", "episode_steps", "gigpo_advantages", "gigpo_step_advantages",
+    "discounted_returns", "step_group_stats",
 ]
 
 
@@ -125,15 +126,48 @@ def gigpo_step_advantages(episodes: Sequence[EpisodeSteps], opts: GiGPOOptions) 
             episode_adv[i] = a
 
     returns = [discounted_returns(ep.rewards, gamma) for ep in episodes]
-    step_groups: dict[tuple[int, Hashable], list[tuple[int, int]]] = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        for t, anchor in enumerate(ep.anchors):
-            step_groups[(ep.group_id, anchor)].append((i, t))
     step_adv = [[0.0] * len(ep.rewards) for ep in episodes]
-    for members in step_groups.values():
+    for members in _step_groups(episodes).values():
         for (i, t), a in zip(members, _relative([returns[i][t] for i, t in members], normalize_std, eps)):
             step_adv[i][t] = a
     return [tuple(episode_adv[i] + step_weight * a for a in step_adv[i]) for i in range(len(episodes))]
+
+
+def _step_groups(episodes: Sequence[EpisodeSteps]) -> dict[tuple[int, Hashable], list[tuple[int, int]]]:
+    """The steps (episode index, step index) that acted from each anchor state, per episode group."""
+    groups: dict[tuple[int, Hashable], list[tuple[int, int]]] = defaultdict(list)
+    for i, ep in enumerate(episodes):
+        for t, anchor in enumerate(ep.anchors):
+            groups[(ep.group_id, anchor)].append((i, t))
+    return groups
+
+
+@dataclass(frozen=True)
+class StepGroupStats:
+    """How much GiGPO's step groups have to work with in one batch (logged for every multi-turn run).
+
+    Attributes:
+        shared_frac: the fraction of steps whose anchor state another step of its episode group also acted from
+            (a step alone in its step group gets a step advantage of 0).
+        mixed_frac: the fraction of steps in a step group whose discounted returns differ (the steps whose step
+            advantage is not 0).
+    """
+
+    shared_frac: float
+    mixed_frac: float
+
+
+def step_group_stats(episodes: Sequence[EpisodeSteps], gamma: float) -> StepGroupStats:
+    """`StepGroupStats` of a batch, with returns discounted by `gamma` (GiGPO's); zeros for a batch without steps."""
+    returns = [discounted_returns(ep.rewards, gamma) for ep in episodes]
+    n_steps = sum(len(ep.rewards) for ep in episodes)
+    shared = mixed = 0
+    for members in _step_groups(episodes).values():
+        if len(members) > 1:
+            shared += len(members)
+            if len({returns[i][t] for i, t in members}) > 1:
+                mixed += len(members)
+    return StepGroupStats(shared / n_steps, mixed / n_steps) if n_steps else StepGroupStats(0.0, 0.0)
 
 
 def _relative(values: list[float], normalize_std: bool, eps: float) -> list[float]:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from agentrl.chat.samples import trajectory_to_samples
 from agentrl.config import AdvantageConfig, ConfigError, LossConfig, OptimConfig, OverlongConfig, TrainerConfig
 from agentrl.objective import (
+    GiGPOOptions,
     LossOptions,
     apply_overlong,
     informative_groups,
@@ -38,6 +39,7 @@ from agentrl.objective import (
     policy_loss,
     turn_advantages,
 )
+from agentrl.objective.gigpo import episode_steps, step_group_stats
 from agentrl.records import Sample, Trajectory
 from agentrl.training.backend import LossResult, PolicyObjective, TrainingBackend
 from agentrl.training.logprobs import token_logprobs
@@ -367,6 +369,11 @@ class TrainingStep:
             trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty.tolist())]
             extra["kl_reward_penalty_mean"] = float(penalty.mean())
         trajectories, in_loss = overlong_and_dynamic_sampling(trajectories, L, self.per_turn_budget, extra)
+        kept = [t for t, keep in zip(trajectories, in_loss) if keep]
+        if any(len(t.turns) > 1 for t in kept):  # what GiGPO's step groups have to work with, logged by every arm
+            gamma = getattr(self.advantage.typed_options(), "gamma", GiGPOOptions().gamma)
+            stats = step_group_stats([episode_steps(t) for t in kept], gamma)
+            extra |= {"step_groups_shared_frac": stats.shared_frac, "step_groups_mixed_frac": stats.mixed_frac}
         samples: list[Sample] = []
         origins: list[tuple[int, int]] = []
         trained_ref: dict[int, torch.Tensor] = {}  # the loss's: by training sample (the filters left episodes out)
