@@ -56,6 +56,9 @@ def test_step_group_stats_hand_worked():
     assert step_group_stats(two, gamma=1.0) == StepGroupStats(1.0, 0.5)
     assert step_group_stats(two, gamma=0.5) == StepGroupStats(1.0, 1.0)
     assert step_group_stats([], gamma=0.5) == StepGroupStats(0.0, 0.0)
+    # Episodes left out of the loss still partner in step groups (as in the advantages) but are not counted: with b
+    # left out, a's steps at s0 and s1 are shared and mixed (2 of a's 3 steps), c's lone step is not.
+    assert step_group_stats(_episodes(), gamma=0.5, counted=[True, False, True]) == StepGroupStats(2 / 4, 2 / 4)
 
 
 def test_gigpo_mean_std_norm_hand_worked():

@@ -149,24 +149,34 @@ class StepGroupStats:
     Attributes:
         shared_frac: the fraction of steps whose anchor state another step of its episode group also acted from
             (a step alone in its step group gets a step advantage of 0).
-        mixed_frac: the fraction of steps in a step group whose discounted returns differ (the steps whose step
-            advantage is not 0).
+        mixed_frac: the fraction of steps in a step group whose discounted returns differ: an upper bound on the
+            steps with a nonzero step advantage (a step whose return is its group's mean gets 0 too).
     """
 
     shared_frac: float
     mixed_frac: float
 
 
-def step_group_stats(episodes: Sequence[EpisodeSteps], gamma: float) -> StepGroupStats:
-    """`StepGroupStats` of a batch, with returns discounted by `gamma` (GiGPO's); zeros for a batch without steps."""
+def step_group_stats(episodes: Sequence[EpisodeSteps], gamma: float,
+                     counted: Sequence[bool] | None = None) -> StepGroupStats:
+    """`StepGroupStats` of a batch, with returns discounted by `gamma` (GiGPO's); zeros for a batch without steps.
+
+    Args:
+        episodes: every episode of the batch: the step groups are formed over all of them, as
+            `gigpo_step_advantages` forms them (episodes a filter left out of the loss still count as partners).
+        gamma: the discount of the returns compared within a step group.
+        counted: per episode, whether its steps are counted (default: all), e.g. the ones left in the loss.
+    """
+    counted = [True] * len(episodes) if counted is None else list(counted)
     returns = [discounted_returns(ep.rewards, gamma) for ep in episodes]
-    n_steps = sum(len(ep.rewards) for ep in episodes)
+    n_steps = sum(len(ep.rewards) for ep, c in zip(episodes, counted) if c)
     shared = mixed = 0
     for members in _step_groups(episodes).values():
         if len(members) > 1:
-            shared += len(members)
+            ours = sum(counted[i] for i, _ in members)
+            shared += ours
             if len({returns[i][t] for i, t in members}) > 1:
-                mixed += len(members)
+                mixed += ours
     return StepGroupStats(shared / n_steps, mixed / n_steps) if n_steps else StepGroupStats(0.0, 0.0)
 
 

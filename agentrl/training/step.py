@@ -369,10 +369,9 @@ class TrainingStep:
             trajectories = [replace(t, total_return=t.total_return - p) for t, p in zip(trajectories, penalty.tolist())]
             extra["kl_reward_penalty_mean"] = float(penalty.mean())
         trajectories, in_loss = overlong_and_dynamic_sampling(trajectories, L, self.per_turn_budget, extra)
-        kept = [t for t, keep in zip(trajectories, in_loss) if keep]
-        if any(len(t.turns) > 1 for t in kept):  # what GiGPO's step groups have to work with, logged by every arm
+        if any(len(t.turns) > 1 for t in trajectories):  # what GiGPO's step groups have to work with, every arm
             gamma = getattr(self.advantage.typed_options(), "gamma", GiGPOOptions().gamma)
-            stats = step_group_stats([episode_steps(t) for t in kept], gamma)
+            stats = step_group_stats([episode_steps(t) for t in trajectories], gamma, counted=in_loss)
             extra |= {"step_groups_shared_frac": stats.shared_frac, "step_groups_mixed_frac": stats.mixed_frac}
         samples: list[Sample] = []
         origins: list[tuple[int, int]] = []

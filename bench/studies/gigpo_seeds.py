@@ -17,9 +17,9 @@ The single-seed comparison (`gigpo_vs_grpo.py`, issue 32) again, across run seed
 
 Held-out tasks from seed 5,000,000 (no earlier study used them). ``gigpo - grpo`` held-out success, runs paired by
 seed, is the comparison (`seeded_arms.main`). Every run also logs, per step, what GiGPO's step groups have to work
-with: the fraction of trained turns whose anchor state another turn of its group shares
-(``step_groups_shared_frac``) and the fraction in a step group whose returns differ (``step_groups_mixed_frac``, the
-turns whose step advantage is not 0). Writes docs/results/gigpo_seeds_<env>.json and .png.
+with: the fraction of the turns left in the loss whose anchor state another turn of its group shares
+(``step_groups_shared_frac``) and the fraction in a step group whose returns differ (``step_groups_mixed_frac``: at
+most the turns whose step advantage is not 0). Writes docs/results/gigpo_seeds_<env>.json and .png.
 """
 
 from __future__ import annotations
