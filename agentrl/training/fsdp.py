@@ -56,6 +56,8 @@ __all__ = ["WorkerSpec", "TrainerWorker", "FSDPBackend", "SHARDS_DIR"]
 
 SHARDS_DIR = "shards"
 """The sharded (torch.distributed.checkpoint) model + optimizer state inside a checkpoint folder."""
+UNSTEPPED_MARKER = "optimizer_unstepped"
+"""A file in `SHARDS_DIR` saying the optimizer state there was saved before any update (a fill, not a state)."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -294,6 +296,11 @@ class TrainerWorker:
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(folder) / SHARDS_DIR))
         if unstepped:  # get_state_dict fills an empty optimizer with a step of lr 0 (AdamW's count 1, zero moments):
             self.optimizer.state.clear()  # emptied again, the first real update is the one-process backend's
+        marker = Path(folder) / SHARDS_DIR / UNSTEPPED_MARKER
+        if self.rank == 0 and unstepped:  # and a resume from this checkpoint empties it too (`load`)
+            marker.write_text("The optimizer had not stepped when this was saved: its state here is a fill.\n")
+        elif self.rank == 0:  # a stepped save into a folder that held an unstepped one: its state is real now
+            marker.unlink(missing_ok=True)
         lora = self.spec.lora
         full = self.full_weights() if lora is None or lora.save_merged else None
         adapter = self.adapter_weights() if lora is not None else None
@@ -311,11 +318,15 @@ class TrainerWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        unstepped = not self.optimizer.state
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)  # fills an unstepped optimizer (`save`)
         state = {"model": model_state} if weights_only else {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(Path(folder) / SHARDS_DIR))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state.get("optim", {}))
+        saved_unstepped = (Path(folder) / SHARDS_DIR / UNSTEPPED_MARKER).exists()
+        if (weights_only and unstepped) or (not weights_only and saved_unstepped):
+            self.optimizer.state.clear()  # no update yet (here, or before the save): the next one is the first
 
     def memory(self, probe: UpdateRequest | None = None) -> dict[str, float]:
         """Bytes this rank holds: parameter shards, optimizer state, the process RSS and peak RSS.
