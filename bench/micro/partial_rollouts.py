@@ -3,6 +3,9 @@
 
     python bench/micro/partial_rollouts.py [--steps 8] [--repeats 2] [--model M] [--extra ARGS...]
     python bench/micro/partial_rollouts.py --smoke     # a tiny run of each arm: checks the script, measures nothing
+    python bench/micro/partial_rollouts.py --from-sft --extra --context.max-context-tokens 3072
+                                                       # from an ALFWorld SFT policy (configs/alfworld-sft.yaml,
+                                                       # trained once into <runs>/sft) with configs/alfworld-rl.yaml
 
 Runs `agentrl run --env alfworld --env-arg max_steps=50 --max-turns 50 --async` (staleness bound 1), once as it is
 (``off``: each step's rollout waits for its own slowest episode, the next step's episodes start after it) and once
@@ -17,6 +20,11 @@ to overlap yet). Per run, over the remaining steps:
 * what partial rollouts cost: the share of trained turns masked as stale, the mean per-turn staleness, and the
   episodes whose turns were sampled by more than one policy version (``crossed_frac``: both arms, since async mode
   without partial rollouts also lets an episode's later turns sample from newer weights).
+
+With ``--from-sft`` both arms start from one SFT checkpoint (trained once into ``<runs>/sft``) and run the ALFWorld RL
+recipe (`configs/alfworld-rl.yaml`: its task type, groups and objective) with the budget raised to ``--max-turns``:
+the base model runs every episode to the budget, so only a policy whose episodes end at different turns has
+stragglers for partial rollouts to hide.
 
 Per arm: the median over runs; the ratio on / off of the throughputs. Held-out success at equal wall time is a run of
 its own (issue 44's declared experiments), not this script's. Results: docs/results/partial_rollouts.json (the smoke
@@ -63,7 +71,9 @@ def run_stats(out: Path, steps: list[dict]) -> dict:
 def one_run(arm: str, k: int, args) -> dict:
     """One `agentrl run` of `arm`: its step seconds, wall seconds, throughput and staleness."""
     out = ROOT / args.runs / f"{arm}{k}"
-    cmd = agentrl_command("run", "--env", "alfworld", "--env-arg", f"max_steps={args.max_turns}", "--max-turns",
+    start = (["--config", str(ROOT / "configs" / "alfworld-rl.yaml"), "--model", str(args.sft_checkpoint)]
+             if args.sft_checkpoint else ["--env", "alfworld"])
+    cmd = agentrl_command("run", *start, "--env-arg", f"max_steps={args.max_turns}", "--max-turns",
                           str(args.max_turns), "--steps", str(args.steps), "--seed", str(args.seed), "--output",
                           str(out), "--overwrite", "--save-trajectories", *ARMS[arm], *args.extra)
     t0 = time.perf_counter()
@@ -89,6 +99,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "partial_rollouts.json"))
     ap.add_argument("--smoke", action="store_true",
                     help="tiny-qwen3, 2 steps of 2 x 2 episodes, a 4-step budget, one run per arm; results under runs/")
+    ap.add_argument("--from-sft", action="store_true",
+                    help="start both arms from an ALFWorld SFT checkpoint with configs/alfworld-rl.yaml")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `agentrl run` arguments, for both arms")
     args = ap.parse_args()
     if args.smoke:
@@ -97,6 +109,18 @@ def main() -> None:
                                                                              / "result.json"), SMOKE + args.extra
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is left out)")
+    args.sft_checkpoint = None
+    sft_phase = None
+    if args.from_sft:
+        sys.path.insert(0, str(ROOT / "bench" / "studies"))
+        from learn_multiturn import sft_once
+
+        work = ROOT / args.runs
+        work.mkdir(parents=True, exist_ok=True)
+        sft_phase = sft_once("alfworld", work)
+        args.sft_checkpoint = work / "sft" / "checkpoint"
+        if not args.sft_checkpoint.is_dir():
+            sys.exit(f"SFT left no checkpoint: see {work / 'sft.log'}")
     runs = []
     for k in range(args.repeats):
         for arm in ARMS:
@@ -109,7 +133,8 @@ def main() -> None:
             "crossed_frac")
     arms = {arm: {key: statistics.median(r[key] for r in runs if r["arm"] == arm) for key in keys} for arm in ARMS}
     result = {"command": command_line(__file__), "steps": args.steps, "max_turns": args.max_turns,
-              "smoke": args.smoke, "cpus": os.cpu_count(), "runs": runs, "arms": arms,
+              "smoke": args.smoke, "from_sft": args.from_sft, "sft_phase": sft_phase, "cpus": os.cpu_count(),
+              "runs": runs, "arms": arms,
               "on_over_off": {key: arms["on"][key] / arms["off"][key] if arms["off"][key] else None
                               for key in ("median_step_s", "loss_turns_per_s", "env_steps_per_s")}}
     write_json(Path(args.out), result)
