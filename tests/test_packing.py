@@ -117,14 +117,8 @@ def test_packed_logprobs_entropy_and_gradients_equal_the_padded_pass(family):
     assert (results[True][0][mb.loss_mask == 0] == 0).all()
 
 
-@pytest.mark.parametrize("waste", [0.0, 100.0], ids=["per-segment", "one-padded-batch"])
-def test_both_packed_attention_layouts_equal_the_padded_pass(monkeypatch, waste):
-    """Segments attend one call each, or as one right-padded batch (similar lengths): both equal the padded pass."""
-    import agentrl.training.packing as packing
-
-    monkeypatch.setattr(packing, "BATCH_SEGMENTS_WASTE", waste)
-    model = _config_model("llama")
-    samples = _samples(lengths=(31, 17, 40, 3, 26))
+def _assert_packed_equals_padded(model, samples) -> None:
+    """The packed pass's log-probs, entropies and gradients (of 0.7 logp + 0.3 entropy) equal the padded pass's."""
     results = {}
     for packed in (False, True):
         model.zero_grad()
@@ -134,6 +128,15 @@ def test_both_packed_attention_layouts_equal_the_padded_pass(monkeypatch, waste)
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-5, atol=1e-6)
     _assert_grads_close(results[True][2], results[False][2])
+
+
+@pytest.mark.parametrize("waste", [0.0, 100.0], ids=["per-segment", "one-padded-batch"])
+def test_both_packed_attention_layouts_equal_the_padded_pass(monkeypatch, waste):
+    """Segments attend one call each, or as one right-padded batch (similar lengths): both equal the padded pass."""
+    import agentrl.training.packing as packing
+
+    monkeypatch.setattr(packing, "BATCH_SEGMENTS_WASTE", waste)
+    _assert_packed_equals_padded(_config_model("llama"), _samples(lengths=(31, 17, 40, 3, 26)))
 
 
 SIMILAR = (30, 22, 40, 35, 18)  # one row of different lengths close enough to attend as one padded batch
@@ -154,18 +157,8 @@ def _count_matmul_attention(monkeypatch, max_len: int) -> list:
 def test_matmul_attention_of_batched_segments_equals_the_padded_pass(monkeypatch, family):
     """Short batched segments attending by explicit matmuls (4 query heads on 2 kv heads) equal the padded pass."""
     calls = _count_matmul_attention(monkeypatch, 64)
-    model = _config_model(family)
-    samples = _samples(lengths=SIMILAR)
-    results = {}
-    for packed in (False, True):
-        model.zero_grad()
-        lp, ent = token_logprobs(model, collate(samples, 0, packed=packed), with_entropy=True, entropy_grad=True)
-        (lp * 0.7 + ent * 0.3).sum().backward()
-        results[packed] = lp.detach(), ent.detach(), _grads(model)
+    _assert_packed_equals_padded(_config_model(family), _samples(lengths=SIMILAR))
     assert calls == [(len(SIMILAR), 4, max(SIMILAR), 8)] * 2  # each layer's forward, packed pass only
-    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-5, atol=1e-6)
-    _assert_grads_close(results[True][2], results[False][2])
 
 
 def test_matmul_attention_on_the_tiny_qwen3_equals_the_padded_update(monkeypatch, tiny_qwen3):
