@@ -982,6 +982,17 @@ class RunConfig:
                  "reward.judge.endpoint", self.reward.judge.endpoint,
                  f"empty with advantage.estimator {self.advantage.estimator} (it reads each turn's own env reward, "
                  f"so the judged episode reward would not count): use an episode-level estimator such as grpo")
+        # The KL reward penalty and DAPO's overlong penalty change only the episode's total: a step-level estimator,
+        # reading each turn's env reward, would train as if they were off.
+        step_level = ADVANTAGES[self.advantage.estimator].level == "step"
+        _require(not (step_level and self.loss.kl_reward_coef > 0), "loss.kl_reward_coef", self.loss.kl_reward_coef,
+                 f"0 with advantage.estimator {self.advantage.estimator} (it reads each turn's own env reward, so the "
+                 f"episode-level penalty would not count): use an episode-level estimator such as grpo, or the KL as "
+                 f"a loss term (loss.options.kl_coef)")
+        _require(not (step_level and self.loss.overlong.mode == "penalize"), "loss.overlong.mode",
+                 self.loss.overlong.mode,
+                 f"none or filter with advantage.estimator {self.advantage.estimator} (it reads each turn's own env "
+                 f"reward, so the episode-level penalty would not count): use an episode-level estimator such as grpo")
 
     def _check_curriculum(self) -> None:
         """The curriculum against the rest of the run (its env's levels are checked at set-up, where the env loads)."""

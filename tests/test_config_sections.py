@@ -47,6 +47,13 @@ def test_advantage_options_come_from_the_config(tmp_path):
         load_config(_yaml(tmp_path, "scheduler: {group_size: 4}\nadvantage: {estimator: passk, options: {k: 8}}\n"))
     with pytest.raises(ConfigError, match="loss.kl_reward_estimator must be one of k1, k2, k3"):
         load_config(_yaml(tmp_path, "loss: {kl_reward_coef: 0.1, kl_reward_estimator: k9}\n"))
+    # Episode-level penalties never reach a step-level estimator (it reads each turn's env reward): refused.
+    with pytest.raises(ConfigError, match="loss.kl_reward_coef must be 0 with advantage.estimator gigpo"):
+        load_config(_yaml(tmp_path, "loss: {kl_reward_coef: 0.1}\nadvantage: {estimator: gigpo}\n"))
+    with pytest.raises(ConfigError, match="loss.overlong.mode must be none or filter with advantage.estimator gigpo"):
+        load_config(_yaml(tmp_path, "loss: {overlong: {mode: penalize}}\nadvantage: {estimator: gigpo}\n"))
+    assert load_config(_yaml(tmp_path, "loss: {overlong: {mode: filter}}\nadvantage: {estimator: gigpo}\n"))
+    assert load_config(_yaml(tmp_path, "loss: {kl_reward_coef: 0.1}\nadvantage: {estimator: grpo}\n"))
 
 
 def test_new_loss_options_validate_at_config_time(tmp_path):
