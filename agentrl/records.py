@@ -86,9 +86,9 @@ class Trajectory:
         success: `info["success"]` at the end (False when the episode never ended).
         terminated: the task ended (solved or failed for good).
         truncated: a budget ran out (the env's, or the rollout's `max_turns`).
-        policy_version: the trainer step whose weights sampled this episode: the oldest, if the weights changed
-            between its turns (each turn's own is `Turn.policy_version`); with partial rollouts, the oldest among its
-            group's turns, so that a group keeps one version (`agentrl.rollout.partial`).
+        policy_version: the trainer step whose weights sampled this episode's group: the oldest among the group's
+            turns, if the weights changed during it (each turn's own is `Turn.policy_version`), so that a group keeps
+            one version (`agentrl.rollout.loop.one_version`).
         train_step: the trainer step whose update used this episode (None until it is trained on, and in evals);
             with `sync_every > 1` or async rollouts it is later than `policy_version`. Metrics join on it.
         task_type: the env's `info["task_type"]`, for evaluation breakdowns ("" when absent).

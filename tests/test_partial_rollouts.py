@@ -256,7 +256,8 @@ def test_off_is_todays_async_mode(qwen3_tokenizer):
         _check_turns_are_their_samplers(result.trajectories)
         for traj in result.trajectories:
             assert not any(u.stale for u in traj.turns)
-            assert traj.policy_version == min(_turn_versions(traj))
+            group = [t for t in result.trajectories if t.group_id == traj.group_id]
+            assert traj.policy_version == min(v for t in group for v in _turn_versions(t))  # one version a group
         assert not any(k.startswith(("turn_staleness", "stale_turns", "episodes_crossed", "partial_"))
                        for k in result.stats.engine)
     straggler = next(t for t in results[0].trajectories if t.seed == 1)
@@ -281,6 +282,22 @@ def _episode(group: int, versions: list[int | None], episode_version: int | None
     if episode_version is None:
         episode_version = min(v for v in versions if v is not None)
     return Trajectory("walk", group, group, tuple(turns), "", 0.0, False, True, False, policy_version=episode_version)
+
+
+def test_a_group_records_one_version_whatever_its_episodes_saw():
+    # Found in review: async mode without partial rollouts left each episode its own oldest version, so an update
+    # landing between two episodes of a group split it in two for the trainer (`as_trained`), each with its own
+    # baseline.
+    from agentrl.rollout.loop import one_version
+    from agentrl.training.step import as_trained
+
+    group = [_episode(0, [3, 3]), _episode(0, [3, 4]), _episode(0, [4, 4]), _episode(0, [4, 5])]
+    assert [t.policy_version for t in group] == [3, 3, 4, 4]
+    assert len({t.group_id for t in as_trained(group, step=5)}) == 2  # what the trainer made of it before
+    fixed = one_version(group)
+    assert [t.policy_version for t in fixed] == [3, 3, 3, 3]
+    assert [[u.policy_version for u in t.turns] for t in fixed] == [[3, 3], [3, 4], [4, 4], [4, 5]]  # turns keep theirs
+    assert len({t.group_id for t in as_trained(fixed, step=5)}) == 1
 
 
 def test_mask_stale_turns_samples_and_metrics():

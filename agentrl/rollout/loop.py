@@ -59,6 +59,19 @@ log = logging.getLogger(__name__)
 _SESSIONS = itertools.count()  # engine sessions: one per episode attempt, unique in the process
 
 
+def one_version(group: list[Trajectory]) -> list[Trajectory]:
+    """A group's episodes, each recording the oldest policy version among the group's turns (each turn keeps its own).
+
+    The trainer keeps groups apart by (version, group id, task) (`agentrl.training.step.as_trained`): in async mode a
+    weight update can land between two episodes of one group, and episodes recording their own versions would split
+    the group in two, each with its own baseline.
+    """
+    versions = [t.policy_version for t in group if t.policy_version is not None]  # None: an episode without turns
+    if not versions:
+        return group
+    return [replace(t, policy_version=min(versions)) for t in group]
+
+
 @dataclass(frozen=True)
 class PendingTurn:
     """A sampled turn whose action is with the env: every field of its `Turn` but what the env step returns.
@@ -469,9 +482,8 @@ class _Rollout:
         self.stats.seconds = now - self.t_start
         trajectories = []
         for g in sorted(self.complete_groups())[:n]:
-            group = [ep.freeze(self.settings.env_id) for ep in sorted(self.finished.pop(g), key=lambda e: e.index)]
-            oldest = min(t.policy_version for t in group)
-            trajectories += [replace(t, policy_version=oldest) for t in group]
+            trajectories += one_version([ep.freeze(self.settings.env_id)
+                                         for ep in sorted(self.finished.pop(g), key=lambda e: e.index)])
         for g in [g for g in self.finished if g in self.dropped]:  # a dropped group's episodes are gone already
             del self.finished[g]
         stats = self.stats
@@ -684,5 +696,5 @@ class _Rollout:
             eps = self.finished[group_id]
             if group_id in self.dropped or len(eps) < self.settings.group_size:
                 continue
-            trajectories += [ep.freeze(self.settings.env_id) for ep in sorted(eps, key=lambda e: e.index)]
+            trajectories += one_version([ep.freeze(self.settings.env_id) for ep in sorted(eps, key=lambda e: e.index)])
         return RolloutResult(trajectories, self.stats)
