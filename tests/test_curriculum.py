@@ -453,6 +453,23 @@ def test_task_types_narrow_the_levels_a_curriculum_draws(env_id, types):
         build_curriculum(cfg, None)
 
 
+def test_resuming_a_curriculum_at_a_level_the_run_no_longer_has_is_one_line():
+    """Found in review: a checkpoint's difficulty curriculum at level toggle_setting, resumed with task_types
+    narrowed so that level is gone, stopped set-up with a ValueError traceback."""
+    from agentrl.config import ConfigError, RunConfig, apply_overrides
+
+    wide = apply_overrides(RunConfig(), {"env.id": "gui", "curriculum.policy": "difficulty", "env.kwargs": {
+        "task_types": ["disable_alarm", "contact_phone", "toggle_setting"]}})
+    first = build_curriculum(wide, None)
+    saved = first.state_dict(0)
+    saved["state"]["level"] = "toggle_setting"
+    narrow = apply_overrides(wide, {"env.kwargs": {"task_types": ["disable_alarm", "contact_phone"]}})
+    with pytest.raises(ConfigError, match=r"curriculum: the checkpoint's curriculum state does not fit this run "
+                                          r"\(.*toggle_setting.*this run's levels: .*disable_alarm"):
+        build_curriculum(narrow, TrainerState(step=0, curriculum=saved))
+    assert build_curriculum(wide, TrainerState(step=0, curriculum=saved)) is not None  # the run it was saved with
+
+
 def test_code_levels_draw_that_procedural_level():
     env = agentrl.make("code")
     levels = type(env).difficulty_levels

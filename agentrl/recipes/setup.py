@@ -182,7 +182,13 @@ def build_curriculum(cfg: RunConfig, state: TrainerState | None) -> Curriculum |
     except CurriculumError as e:
         raise ConfigError(f"curriculum: {e}") from None
     if state is not None:
-        curriculum.load_state_dict(state.curriculum)
+        try:
+            curriculum.load_state_dict(state.curriculum)
+        except (CurriculumError, KeyError, TypeError, ValueError) as e:  # e.g. a level this run's env no longer offers
+            now = ", ".join(levels.levels) if levels is not None else "none"
+            raise ConfigError(f"curriculum: the checkpoint's curriculum state does not fit this run ({e}; this run's "
+                              f"levels: {now}); resume with the env.kwargs and curriculum settings it was saved "
+                              f"with, or start a new run") from None
     return curriculum
 
 
