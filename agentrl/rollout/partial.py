@@ -33,10 +33,11 @@ group keeps one id and one version through the buffer and `agentrl.training.step
 an empty stream: the episodes playing at the checkpoint are not saved.
 
 Metrics (into the step's ``stats.engine``, so they reach metrics.jsonl): ``turn_staleness_mean`` /
-``turn_staleness_max`` over every turn of the step's episodes, ``turn_staleness_trained_max`` over the turns left in
-the loss (at most ``max_staleness``), ``stale_turns_masked``, ``episodes_crossed_update`` (episodes whose turns were
-sampled by more than one version), and ``partial_groups_carried`` (groups still playing when the step's rollout was
-harvested).
+``turn_staleness_max`` over every turn of the step's episodes, ``turn_staleness_trained_max`` over the turns the
+staleness bound keeps (at most ``max_staleness``; counted before the overlong and dynamic-sampling filters, which may
+leave more out), ``stale_turns_masked``, ``episodes_crossed_update`` (episodes whose turns were sampled by more than one
+version), and ``partial_groups_carried`` (groups in the stream when the step's rollout was harvested: playing,
+complete but not yet harvested, or not started).
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ Counters (in ``stats.engine``, so they reach metrics.jsonl): ``dynamic_sampling_
 this step, groups dropped for env failures included), ``dynamic_sampling_mixed`` (mixed groups among them, surplus
 included), ``dynamic_sampling_rounds``, ``dynamic_sampling_bound_hit`` (1: the step has fewer mixed groups than it
 wanted after drawing ``max_tasks``) and ``dynamic_sampling_drawn_reward_mean`` (the mean reward of every episode
-drawn: the step's ``reward_mean`` is over the kept groups, which the selection biases toward the middle).
+of the complete groups drawn, groups dropped for env failures left out: the step's ``reward_mean`` is over the kept
+groups, which the selection biases toward the middle).
 """
 
 from __future__ import annotations

@@ -207,6 +207,7 @@ class RolloutScheduler:
         self._progress = _Progress(progress)
         self.engine = engine
         self._sync_seconds = 0.0
+        self._sync_lock = threading.Lock()  # the trainer thread adds sync time, the async producer reads and zeroes it
         self.pool = make_pool(maker or EnvMaker(env_id, dict(env_kwargs)), runners, actors=runner_actors,
                               step_timeout=step_timeout, address=ray_address)
         atexit.register(self.close)  # an exception or Ctrl-C in the trainer must not leave Ray behind
@@ -231,7 +232,14 @@ class RolloutScheduler:
         """Hand the engine the trained weights as `version`, timed."""
         t0 = time.perf_counter()
         self.engine.update_weights(self.weights(), version)
-        self._sync_seconds += time.perf_counter() - t0
+        with self._sync_lock:
+            self._sync_seconds += time.perf_counter() - t0
+
+    def _take_sync_seconds(self) -> float:
+        """The weight-sync seconds since the last call (for the next step's metrics)."""
+        with self._sync_lock:
+            seconds, self._sync_seconds = self._sync_seconds, 0.0
+        return seconds
 
     def _collect(self, step: int) -> RolloutResult:
         judged_before = self.judge.counts() if self.judge is not None else None
@@ -252,7 +260,7 @@ class RolloutScheduler:
         seeds = self.seeds_for_step(step)
         result = draw(seeds, 0) if self.refill is None else fill_step(step, seeds, draw, self.refill)
         # Sync seconds since the previous rollout (async mode: the syncs that landed while this one ran).
-        seconds, self._sync_seconds = self._sync_seconds, 0.0
+        seconds = self._take_sync_seconds()
         result.stats.engine = {"weight_sync_seconds": seconds, **self.engine.metrics(), **result.stats.engine}
         if self.curriculum is not None:  # before the next step's seeds are drawn (async: the producer's next step)
             result.stats.engine.update(self.curriculum.observe(step, drawn))
@@ -362,7 +370,7 @@ class RolloutScheduler:
                 if self._stop.is_set():
                     return
                 result = stream.harvest(self._wanted[step])
-                seconds, self._sync_seconds = self._sync_seconds, 0.0
+                seconds = self._take_sync_seconds()
                 result.stats.engine = {"weight_sync_seconds": seconds, **self.engine.metrics(),
                                        "partial_groups_carried": float(stream.groups)}
                 if self.curriculum is not None:
