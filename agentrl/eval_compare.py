@@ -75,13 +75,16 @@ def _task_key(results: Mapping[str, Any]) -> tuple:
 def compare_results(a: Mapping[str, Any], b: Mapping[str, Any], confidence: float = 0.95) -> list[ComparisonRow]:
     """Every shared metric of two evaluations, with the interval of each difference (A - B).
 
-    pass@k differences are paired over tasks when A and B ran the same tasks (env, kwargs, split, seeds).
+    pass@k differences are paired over tasks when A and B ran the same tasks (env, kwargs, split, seeds) and both
+    kept every one of them; otherwise unpaired.
     """
     rows_a, rows_b = a["episodes"], b["episodes"]
     out = [_rate_rows("success_rate", rows_a, rows_b, confidence),
            _mean_row("reward_mean", "reward", rows_a, rows_b, confidence)]
-    counts_a, counts_b = task_counts(rows_a), task_counts(rows_b)
-    paired = _task_key(a) == _task_key(b) and len(counts_a) == len(counts_b)
+    counts_a, counts_b = task_counts(rows_a), task_counts(rows_b)  # each in task order
+    # Paired only over the very same tasks: an eval may leave a task out (a judge failure, a group dropped after its
+    # retries), and equal counts with a different task missing on each side would pair unrelated tasks.
+    paired = _task_key(a) == _task_key(b) and {r["task"] for r in rows_a} == {r["task"] for r in rows_b}
     n_common = min(min(n for n, _ in counts_a), min(n for n, _ in counts_b))
     for k in sorted({*a["tasks"]["ks"], *b["tasks"]["ks"]}):
         if k > n_common:

@@ -61,6 +61,18 @@ def test_compare_flags_a_real_difference_and_pairs_identical_tasks():
     assert not same["success_rate"].significant and same["pass@2"].diff.estimate == 0
 
 
+def test_compare_pairs_only_when_both_kept_the_same_tasks():
+    # Found in review: an eval may leave a task out (a judge failure, a group dropped after its retries); with a
+    # different task missing on each side the counts were equal and pass@k paired unrelated tasks by position.
+    a = make_results([4, 0, 4, 4])
+    b = make_results([0, 4, 0, 0])
+    a["episodes"] = [r for r in a["episodes"] if r["task"] != 1]  # A lost task 1, B lost task 2
+    b["episodes"] = [r for r in b["episodes"] if r["task"] != 2]
+    rows = {r.metric: r for r in compare_results(a, b)}
+    assert rows["pass@1"].method == "bootstrap"
+    assert {r.metric: r for r in compare_results(a, a)}["pass@1"].method == "paired bootstrap"
+
+
 def agentrl(*args):
     from conftest import ROOT
 

@@ -56,6 +56,13 @@ def test_t_quantile_close_to_tables(df, exact):
     assert t_quantile(0.975, df) == pytest.approx(exact, rel=2e-3)
 
 
+@pytest.mark.parametrize("df, exact", [(1.02, 12.1323), (1.2, 8.6488), (1.5, 6.0167), (2.5, 3.5747), (2.99, 3.1885)])
+def test_t_quantile_at_fractional_df_below_3_is_never_narrower(df, exact):
+    # Welch's df is fractional; the expansion alone gave 10.88 at df 1.02 (10% narrow). Exact values: scipy.
+    assert exact * (1 - 2e-3) <= t_quantile(0.975, df) <= 1.2 * exact  # 2e-3: the expansion's error at df 3
+    assert t_quantile(0.025, df) == pytest.approx(-t_quantile(0.975, df))
+
+
 def test_mean_interval_hand_values():
     iv = mean_interval([1, 2, 3, 4, 5])  # mean 3, sd sqrt(2.5), t(0.975, 4) = 2.7764
     assert iv.estimate == 3
