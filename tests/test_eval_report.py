@@ -73,6 +73,20 @@ def test_compare_pairs_only_when_both_kept_the_same_tasks():
     assert {r.metric: r for r in compare_results(a, a)}["pass@1"].method == "paired bootstrap"
 
 
+def test_success_rate_with_several_episodes_per_task_resamples_tasks():
+    # Found in review: Wilson over episodes treated the 4 episodes of a task as independent; here they agree
+    # within each task (all or none), so 8 tasks carry the information of 8 draws, not 32.
+    from agentrl.passk import bootstrap_pass_at_k, task_counts, wilson_interval
+
+    results = make_results([4, 0, 4, 0, 4, 4, 0, 4], n=4)
+    rate = results["overall"]["success_rate"]
+    by_task = bootstrap_pass_at_k(task_counts(results["episodes"]), 1)
+    assert rate["estimate"] == 20 / 32 and (rate["low"], rate["high"]) == (by_task.low, by_task.high)
+    assert rate["high"] - rate["low"] > 1.5 * (wilson_interval(20, 32).high - wilson_interval(20, 32).low)
+    one = make_results([1, 0, 1, 1], n=1)["overall"]["success_rate"]  # one episode per task: Wilson, as before
+    assert (one["low"], one["high"]) == (wilson_interval(3, 4).low, wilson_interval(3, 4).high)
+
+
 def agentrl(*args):
     from conftest import ROOT
 

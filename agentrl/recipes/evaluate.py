@@ -367,7 +367,7 @@ def _block(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: flo
     return {
         "episodes": len(rows),
         "tasks": len(counts),
-        "success_rate": wilson_interval(sum(bool(r["success"]) for r in rows), len(rows), confidence).to_dict(),
+        "success_rate": _success_rate(rows, counts, confidence).to_dict(),
         "reward_mean": mean_interval(rewards, confidence).to_dict(),
         "reward_std": float(rewards.std(ddof=1)) if len(rows) > 1 else 0.0,
         "pass_at_k": {str(k): bootstrap_pass_at_k(counts, k, confidence).to_dict() for k in ks if k <= n_min},
@@ -375,6 +375,19 @@ def _block(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: flo
         "tokens_mean": mean_interval([r["tokens"] for r in rows], confidence).to_dict(),
         "truncated_frac": sum(bool(r["truncated"]) for r in rows) / len(rows),
     }
+
+
+def _success_rate(rows: Sequence[Mapping[str, Any]], counts: Sequence[tuple[int, int]], confidence: float) -> Interval:
+    """The episodes' success rate, with its interval.
+
+    Wilson's with one episode per task; with several, pass@1's bootstrap over tasks (the episodes of one task are not
+    independent draws, so Wilson over episodes would be too narrow).
+    """
+    successes = sum(bool(r["success"]) for r in rows)
+    if max(n for n, _ in counts) == 1:
+        return wilson_interval(successes, len(rows), confidence)
+    by_task = bootstrap_pass_at_k(counts, 1, confidence)
+    return Interval(successes / len(rows), by_task.low, by_task.high, len(rows))
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], confidence: float = 0.95) -> dict[str, Any]:
