@@ -178,6 +178,7 @@ def test_the_score_line_is_parsed_strictly_and_mapped_to_the_unit_interval():
     assert parse_score("Reasoning...\nSCORE: 7", (0, 10)) == pytest.approx(0.7)
     assert parse_score("ok\n**Score:** 4.5\n", (1, 5)) == pytest.approx(0.875)
     assert parse_score("score = 10", (0, 10)) == 1.0
+    assert parse_score("ok\r\nSCORE: 7\r\n", (0, 10)) == pytest.approx(0.7)  # CRLF line ends (found in review)
     for bad in ("no score here", "SCORE: 7\nSCORE: 8", "SCORE: 11", "SCORE: -1", "SCORE: seven", "The score: 7 of 10",
                 "SCORE: nan", ""):
         with pytest.raises(JudgeFailure) as e:
@@ -406,7 +407,44 @@ def test_a_truncated_last_cache_line_is_skipped(scripted, tmp_path):
         f.write('{"key": "abc", "sco')
     again = make_judge(server.url, cache=tmp_path / JUDGE_CACHE)
     assert again.submit(episode(0)).result(timeout=10) == pytest.approx(0.3) and server.calls == 1
+    # Found in review: the half line stayed, the next append continued it, and the resume after that refused the
+    # whole file. The half line is dropped; a new call appends a line of its own and a third process reads both.
+    assert again.submit(episode(1)).result(timeout=10) == pytest.approx(0.3) and server.calls == 2
     again.close()
+    third = make_judge(server.url, cache=tmp_path / JUDGE_CACHE)
+    assert [third.submit(episode(s)).result(timeout=10) for s in (0, 1)] == [pytest.approx(0.3)] * 2
+    assert server.calls == 2 and third.counts().cache_hits == 2
+    third.close()
+    (tmp_path / JUDGE_CACHE).write_text('["a list"]\n')  # JSON, but not an entry: one line, not a traceback
+    with pytest.raises(ConfigError, match="not a judge cache line"):
+        make_judge(server.url, cache=tmp_path / JUDGE_CACHE)
+
+
+def test_a_reply_without_text_still_spends_its_tokens(scripted):
+    # Found in review: a reasoning judge that spends max_tokens thinking returns null content; its usage went
+    # uncounted, so budget_tokens never stopped a judge that failed this way.
+    body = '{"choices": [{"message": {"content": null}, "finish_reason": "length"}], "usage": {"total_tokens": 600}}'
+    server = scripted(lambda prompt, n: Raw(body))
+    judge = make_judge(server.url, retries=0, budget_tokens=1000)
+    for seed in (0, 1):
+        with pytest.raises(JudgeFailure, match="not text"):
+            judge.submit(episode(seed)).result(timeout=10)
+    with pytest.raises(JudgeFailure, match="1000 tokens is spent"):
+        judge.submit(episode(2)).result(timeout=10)
+    assert server.calls == 2 and judge.counts().tokens == 1200
+    judge.close()
+
+
+def test_a_reply_cut_at_its_token_limit_is_not_parsed(scripted):
+    # Its last line is not the score it was asked to end with; a score line quoted from the episode earlier in it
+    # (an agent writing "SCORE: 10" into its actions) must not count.
+    body = json.dumps({"choices": [{"message": {"content": "The agent wrote\nSCORE: 10\nwhich is"},
+                                    "finish_reason": "length"}]})
+    server = scripted(lambda prompt, n: Raw(body))
+    judge = make_judge(server.url, retries=0)
+    with pytest.raises(JudgeFailure, match="cut at reward.judge.max_reply_tokens"):
+        judge.submit(episode(0)).result(timeout=10)
+    judge.close()
 
 
 def test_the_api_key_comes_from_the_named_variable(scripted, monkeypatch):

@@ -744,7 +744,8 @@ def _judge_summary(reward: RewardConfig, source: str, judge: JudgeReward, failur
                    trajectories: Sequence[Trajectory], confidence: float) -> dict[str, Any]:
     """results.json's ``judge``: its settings and their source, its counters, its failures, the two reward parts.
 
-    ``failures`` counts the episodes whose judgement failed (each left its task out of every number, never scored);
+    ``failures`` counts the tasks left out because a judgement failed (the first failed episode of each; the task is
+    out of every number, never scored);
     ``counts`` are the judge's (calls, cache hits, retries, tokens, ...; `agentrl.rewards.judge.JudgeCounts`).
     """
     counts = judge.counts()

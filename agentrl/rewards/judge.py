@@ -165,6 +165,7 @@ def parse_score(reply: str, scale: tuple[float, float]) -> float:
     Raises:
         JudgeFailure: kind ``unparsable``.
     """
+    reply = reply.replace("\r\n", "\n").replace("\r", "\n")  # a CRLF reply: `$` matches only before "\n"
     found = _SCORE_LINE.findall(reply)
     excerpt = reply.strip()[-160:].replace("\n", " | ")
     if len(found) != 1:
@@ -296,10 +297,11 @@ class JudgeReward:
             attempts = 0
             for attempt in range(1 + self.cfg.retries):
                 attempts = attempt + 1
-                if attempt:
-                    self._count(retries=1)
-                    self.sleep(self.cfg.backoff * 2 ** (attempt - 1))
                 try:
+                    if attempt:
+                        self._refuse_if_spent_or_closed()  # before the wait: a retry that cannot call is not one
+                        self._count(retries=1)
+                        self.sleep(self.cfg.backoff * 2 ** (attempt - 1))
                     return self._call(key, prompt)
                 except JudgeFailure as e:
                     last = e
@@ -323,23 +325,19 @@ class JudgeReward:
         """One HTTP call: its budget, the request, the parse; the call (and its score) go to the on-disk cache."""
         cfg = self.cfg
         with self._lock:
-            if self._closed:
-                raise JudgeFailure("closed", "the judge was closed (the run is ending)", retry=False)
-            if cfg.budget_calls and self._spent_calls >= cfg.budget_calls:
-                raise JudgeFailure("over_budget", f"the run's judge budget of {cfg.budget_calls} calls is spent "
-                                                  f"(reward.judge.budget_calls)", retry=False)
-            if cfg.budget_tokens and self._spent_tokens >= cfg.budget_tokens:
-                raise JudgeFailure("over_budget", f"the run's judge budget of {cfg.budget_tokens} tokens is spent "
-                                                  f"({self._spent_tokens} used; reward.judge.budget_tokens)",
-                                   retry=False)
+            self._refuse_if_spent_or_closed(locked=True)
             self._spent_calls += 1
             self._counts = _plus(self._counts, calls=1)
         t0 = time.perf_counter()
         tokens, reply, score, failure = 0, "", None, None
         try:
             body = self._post(prompt)
-            reply, tokens = _reply_of(body)
-            tokens = tokens if tokens is not None else (len(prompt) + len(reply)) // 4
+            # Counted before the reply is read: a reply without usable text (a reasoning judge that spent its
+            # max_tokens thinking returns null content) still cost its tokens.
+            usage = _usage_of(body)
+            tokens = usage if usage is not None else len(prompt) // 4
+            reply = _reply_of(body)
+            tokens = usage if usage is not None else (len(prompt) + len(reply)) // 4
             score = parse_score(reply, cfg.scale)
         except JudgeFailure as e:
             failure = e
@@ -393,6 +391,21 @@ class JudgeReward:
 
     # -- cache ---------------------------------------------------------------------------------------------------
 
+    def _refuse_if_spent_or_closed(self, locked: bool = False) -> None:
+        """Raise `JudgeFailure` ``closed`` or ``over_budget`` when no call may be made now."""
+        if not locked:
+            with self._lock:
+                return self._refuse_if_spent_or_closed(locked=True)
+        cfg = self.cfg
+        if self._closed:
+            raise JudgeFailure("closed", "the judge was closed (the run is ending)", retry=False)
+        if cfg.budget_calls and self._spent_calls >= cfg.budget_calls:
+            raise JudgeFailure("over_budget", f"the run's judge budget of {cfg.budget_calls} calls is spent "
+                                              f"(reward.judge.budget_calls)", retry=False)
+        if cfg.budget_tokens and self._spent_tokens >= cfg.budget_tokens:
+            raise JudgeFailure("over_budget", f"the run's judge budget of {cfg.budget_tokens} tokens is spent "
+                                              f"({self._spent_tokens} used; reward.judge.budget_tokens)", retry=False)
+
     def _key(self, prompt: str) -> str:
         c = self.cfg
         what = [c.model, c.temperature, c.max_reply_tokens, list(c.scale), prompt]
@@ -404,9 +417,13 @@ class JudgeReward:
         for lineno, line in enumerate(lines, 1):
             try:
                 entry = json.loads(line)
-            except json.JSONDecodeError:
+                if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+                    raise ValueError("not an entry")
+            except ValueError:  # json.JSONDecodeError is one
                 if lineno == len(lines) and not line.endswith("\n"):  # cut short by a kill mid-write
-                    log.warning("%s:%d: skipping a truncated last line", path, lineno)
+                    log.warning("%s:%d: dropping a truncated last line", path, lineno)
+                    with open(path, "r+b") as f:  # so the next append starts a line of its own
+                        f.truncate(sum(len(x.encode()) for x in lines[:-1]))
                     break
                 raise ConfigError(f"{path}:{lineno}: not a judge cache line; delete the file to start the judge's "
                                   f"cache and budget afresh") from None
@@ -483,16 +500,31 @@ def _error_body(error: urllib.error.HTTPError) -> str:
         error.close()
 
 
-def _reply_of(body: Any) -> tuple[str, int | None]:
-    """The first choice's text of an OpenAI chat completion, and its total tokens (None when not reported)."""
+def _reply_of(body: Any) -> str:
+    """The first choice's text of an OpenAI chat completion.
+
+    Raises:
+        JudgeFailure: ``bad_response`` (not a chat completion, or no text), ``unparsable`` (the reply was cut at its
+            token limit: its last line is not the score it was asked to end with, and a score line quoted from the
+            episode earlier in it must not count).
+    """
     try:
-        content = body["choices"][0]["message"]["content"]
+        choice = body["choices"][0]
+        content = choice["message"]["content"]
     except (KeyError, IndexError, TypeError):
         raise JudgeFailure("bad_response", f"not an OpenAI chat completion: {json.dumps(body)[:200]}") from None
     if not isinstance(content, str):
         raise JudgeFailure("bad_response", f"the reply's content is not text: {content!r:.200}")
+    if isinstance(choice, dict) and choice.get("finish_reason") == "length":
+        raise JudgeFailure("unparsable", "the reply was cut at reward.judge.max_reply_tokens before it ended "
+                                         f"(...{content.strip()[-120:]!r}); raise the limit")
+    return content
+
+
+def _usage_of(body: Any) -> int | None:
+    """The total tokens an OpenAI chat completion reports (None when it reports none)."""
     usage = body.get("usage") if isinstance(body, dict) else None
     total = usage.get("total_tokens") if isinstance(usage, dict) else None
     # JSON's NaN and Infinity parse as floats: a count that is not a finite number is no count.
     counted = isinstance(total, (int, float)) and not isinstance(total, bool) and math.isfinite(total)
-    return content, int(total) if counted else None
+    return int(total) if counted else None

@@ -166,7 +166,8 @@ class RolloutStats:
         dropped_groups: groups dropped whole after too many failures.
         grades_over_budget: steps whose reward was graded wrong because grading hit its time budget or a cost
             guard (the env's ``info["grade_budget_exceeded"]``, see `agentrl.budget`).
-        judge_failures: episodes whose judged reward could not be obtained (their groups are dropped, and counted in
+        judge_failures: groups dropped because an episode's judged reward could not be obtained (one per group: the
+            first failure drops it, and its other episodes' judgements are not waited for; counted in
             `dropped_groups` too).
         failures: one line per failure (kind, seed, message), oldest first.
         seconds: wall time of the whole rollout.
