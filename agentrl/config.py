@@ -1192,6 +1192,11 @@ def _check_base_url(url: str, key: str) -> None:
     # The judge appends /chat/completions itself: a full route would be asked for twice.
     _require(not parts.path.rstrip("/").endswith("/chat/completions"), key, url,
              f"the base URL, without /chat/completions (which is appended), {example}")
+    # A query or fragment would end up before the appended route; credentials in the URL would be written into
+    # config.yaml, results.json and messages (the key belongs in the variable named by api_key_env).
+    _require(not parts.query and not parts.fragment, key, url, f"a base URL without ?query or #fragment, {example}")
+    _require(parts.username is None and parts.password is None, key, "<the URL, credentials not repeated here>",
+             "a URL without user:password@ (name an environment variable holding the key in api_key_env)")
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -530,6 +530,10 @@ def test_the_reward_section_is_typed_and_checked_with_the_field_and_the_fix(tmp_
         ({"reward.judge.endpoint": "http://127.0.0.1:8000/v1/chat/completions"},
          r"reward.judge.endpoint must be the base URL, without /chat/completions \(which is appended\), "
          r"e.g. http://127.0.0.1:8000/v1, got"),
+        ({"reward.judge.endpoint": "http://127.0.0.1:8000/v1?x=1"}, r"must be a base URL without \?query or #frag"),
+        ({"reward.judge.endpoint": "http://127.0.0.1:8000/v1#top"}, r"must be a base URL without \?query or #frag"),
+        ({"reward.judge.endpoint": "http://me:sk-secret@127.0.0.1/v1"},
+         r"must be a URL without user:password@ .*api_key_env\), got '<the URL, credentials not repeated here>'"),
         ({"reward.judge.model": ""}, r"reward.judge.model must be the model name"),
         ({"reward.judge.endpoint": ""}, r"reward.judge.endpoint must be set"),
         ({"reward.judge.rubric": "Rate {transcrpt}"}, r"reward.judge.rubric must be a template whose placeholders"),
