@@ -181,14 +181,39 @@ def host_allowed(value: str | None, allowed: frozenset[str]) -> bool:
     return bool(name) and name in allowed
 
 
-def _origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
+def _origin_allowed(origin: str, allowed: frozenset[str], host: str, scheme: str) -> bool:
+    """Whether a web page at `origin` may call this server, reached as `host` (the Host header) over `scheme`.
+
+    A loopback origin must also be on this server's port: any other local server's page (a notebook, a dev server,
+    another agentrl server) is another origin, and WebSockets and simple POSTs are not held back by CORS. An origin
+    named by the operator (``--allowed-host``, e.g. behind a proxy that changes the port) is matched by name.
+    """
     if "*" in allowed:
         return True
     try:
-        hostname = urlsplit(origin.strip()).hostname  # None for "null" (sandboxed frames, file:// pages)
+        parts = urlsplit(origin.strip())
+        hostname, port = parts.hostname, parts.port  # hostname None for "null" (sandboxed frames, file:// pages)
     except ValueError:
         return False
-    return bool(hostname) and _normalize(hostname) in allowed
+    if not hostname or _normalize(hostname) not in allowed:
+        return False
+    if _normalize(hostname) not in LOOPBACK_HOSTS:
+        return True
+    given = _host_port(host)
+    own = int(given) if given.isdigit() else _DEFAULT_PORTS.get(scheme, 0)
+    return (port or _DEFAULT_PORTS.get(parts.scheme, -1)) == own
+
+
+def _host_port(value: str) -> str:
+    """The port in a ``Host`` header value (``name:port``, ``[v6]:port``); "" when it names none."""
+    value = value.strip()
+    if value.startswith("["):
+        rest = value[value.find("]") + 1:]
+        return rest[1:] if rest.startswith(":") else ""
+    return value.partition(":")[2] if value.count(":") == 1 else ""
+
+
+_DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 
 
 def _normalize(name: str) -> str:
@@ -301,9 +326,10 @@ class HttpGuard:
             return 421, (f"this server does not answer for host {host[:100]!r}; call it by one of "
                          f"{sorted(self.allowed_hosts)} (an operator allows more names with --allowed-host)")
         for origin in headers.get(b"origin", []):
-            if not _origin_allowed(origin.decode("latin-1"), self.allowed_hosts):
+            if not _origin_allowed(origin.decode("latin-1"), self.allowed_hosts, host, scope.get("scheme", "http")):
                 return 403, (f"requests from web pages at {origin.decode('latin-1')[:100]!r} are refused: the "
-                             f"origin is not this server's host (an operator allows names with --allowed-host)")
+                             f"origin is not this server's (its host and port; an operator allows names with "
+                             f"--allowed-host)")
         if not self.token or scope["path"] in self.open_paths:
             return None
         header = b", ".join(headers.get(b"authorization", [])).decode("latin-1")

@@ -171,6 +171,9 @@ def test_webshop_refuses_a_seed_int_cannot_read_with_a_400_not_a_traceback(tmp_p
         for seed in ("%C2%B2", "9" * 5000, "-1", "x"):
             answer = httpx.get(f"{running.url}/?seed={seed}", follow_redirects=False)
             assert answer.status_code == 400 and "seed must be a non-negative integer" in answer.text, seed
+        # The refused value is shown escaped (found in review: a link carrying a script ran it on this page).
+        answer = httpx.get(f"{running.url}/?seed=%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E", follow_redirects=False)
+        assert answer.status_code == 400 and "<img" not in answer.text and "&lt;img src=x" in answer.text
         assert httpx.get(f"{running.url}/?seed=3", follow_redirects=False).status_code == 303
     finally:
         running.stop()

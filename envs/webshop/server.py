@@ -120,7 +120,8 @@ def _get(sessions: WebShopSessions, target: str) -> Response:
     if url.path == "/":
         seed_text = parse_qs(url.query).get("seed", [""])[0]
         if seed_text and not (seed_text.isascii() and seed_text.isdigit() and len(seed_text) <= 20):
-            return _page(HTTPStatus.BAD_REQUEST, f"<p>seed must be a non-negative integer, got {seed_text!r}</p>")
+            return _page(HTTPStatus.BAD_REQUEST,  # escaped: the query is the client's (a link could carry a script)
+                         f"<p>seed must be a non-negative integer, got {html.escape(repr(seed_text))}</p>")
         sid = sessions.create(int(seed_text) if seed_text else None)
         return _page(HTTPStatus.SEE_OTHER, location=f"/s/{sid}")
     found = _session(sessions, target)
