@@ -179,6 +179,16 @@ def json_info(info: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _close_shared(resource: SharedResource | None) -> None:
+    """Free shared state the server drops, where it holds something to free.
+
+    A browser host holds a Chromium and a server thread; left to the garbage collector, its live thread keeps it.
+    """
+    close = getattr(resource, "close", None)
+    if callable(close):
+        close()
+
+
 def _settings_key(settings: Mapping[str, Any]) -> str:
     """The shared-state cache key of a checked settings set (plain JSON values, so the dump is canonical)."""
     return json.dumps(dict(settings), sort_keys=True)
@@ -274,7 +284,7 @@ class EnvServer:
         except BaseException:
             if created:
                 with self._shared_lock:
-                    self._shared.pop(key, None)
+                    _close_shared(self._shared.pop(key, None))
             raise
 
     def _shared_for(self, key: str, env_kwargs: Mapping[str, Any]) -> tuple[SharedResource | None, bool]:
@@ -301,7 +311,7 @@ class EnvServer:
         in_use = {session.settings_key for session in list(self.sessions.values())}
         for key in self._shared:
             if key != _BASE_SETTINGS and key not in in_use:
-                del self._shared[key]
+                _close_shared(self._shared.pop(key))
                 return
         raise _Refused(503, f"this server holds shared state for {_MAX_KWARG_SETS} different session settings, all "
                             f"in use by open sessions; retry when some close, or serve these settings from their own "
@@ -382,8 +392,18 @@ class EnvServer:
             options = check_reset_options(self.env_class, options, self.settings.name)
         except ClientSettingError as e:
             raise _Refused(422, str(e)) from None
-        obs, info = await self._run(session, session.lane, functools.partial(session.env.reset, seed=seed,
-                                                                             options=options))
+
+        def reset_env() -> tuple[Any, dict]:
+            try:
+                return session.env.reset(seed=seed, options=options)
+            except ValueError as e:  # a declared option the env refuses here (e.g. a goal index past this split's)
+                if not options:
+                    raise
+                session.started = False
+                raise _Refused(422, f"the env refused the reset options {options}: {str(e)[:300]}; the session is "
+                                    f"kept (reset it again)") from None
+
+        obs, info = await self._run(session, session.lane, reset_env)
         session.steps = 0
         session.episode_id = f"{session.id}-{seed}"
         session.started = True

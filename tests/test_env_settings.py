@@ -292,6 +292,14 @@ def test_webshop_folders_are_refused_and_never_created(tmp_path):
         # What a client may set still works: the eval split and a step budget.
         answer = _open(server.url, {"kwargs": {"split": "test", "max_steps": 5}})
         assert answer.status_code == 201
+        # A declared reset option past this split's goals: 422 and the session kept (found in review: a 500 that
+        # closed the session).
+        sid = answer.json()["session"]
+        refused = httpx.post(f"{server.url}/sessions/{sid}/reset", json={"seq": 1, "options": {"goal_index": 9999999}})
+        assert refused.status_code == 422 and "goal_index 9999999 out of range" in refused.json()["error"]
+        assert sid in server.server.sessions
+        assert httpx.post(f"{server.url}/sessions/{sid}/reset", json={"seq": 1, "options": {"goal_index": 0}}
+                          ).status_code == 200
 
 
 # ------------------------------------------------------------------------- shared-state slots (a custom env)
@@ -300,12 +308,20 @@ class CountedState(SharedResource):
     """Shared state that counts its builds."""
 
     builds: ClassVar[int] = 0
+    closed: ClassVar[list[int]] = []
+
+    def __init__(self, size: int = 0):
+        self.size = size
 
     @classmethod
     def build(cls, **env_kwargs: Any) -> CountedState:
         """A new state."""
         cls.builds += 1
-        return cls()
+        return cls(env_kwargs.get("size", 0))
+
+    def close(self) -> None:
+        """Records that it was freed."""
+        CountedState.closed.append(self.size)
 
 
 class SlotEnv(TextEnv):
@@ -339,7 +355,7 @@ def test_failed_builds_free_their_slot_and_unused_sets_are_evicted():
         for _ in range(6):  # each builds shared state, then the constructor fails: the entry must go
             answer = _open(base, {"kwargs": {"size": 7}})
             assert answer.status_code == 422 and "size 7 cannot be built" in answer.json()["error"]
-        assert list(server._shared) == ["{}"]
+        assert list(server._shared) == ["{}"] and CountedState.closed.count(7) == 6  # each freed, too
         held = [_open(base, {"kwargs": {"size": n}}) for n in (1, 2, 3)]
         assert [a.status_code for a in held] == [201] * 3 and len(server._shared) == 4
         # Every slot is held by an open session: a new set must wait (503, retry), never evict one in use.
@@ -347,7 +363,9 @@ def test_failed_builds_free_their_slot_and_unused_sets_are_evicted():
         assert full.status_code == 503 and "Retry-After" in full.headers
         assert _open(base, {"kwargs": {"size": 2}}).status_code == 201  # a set already held costs nothing
         assert httpx.delete(f"{base}/sessions/{held[0].json()['session']}").status_code == 204
+        closed_before = list(CountedState.closed)
         assert _open(base, {"kwargs": {"size": 4}}).status_code == 201  # size 1's state was evicted
+        assert CountedState.closed[len(closed_before):] == [1]  # and freed (a browser host holds a Chromium)
         assert set(server._shared) == {"{}", '{"size": 2}', '{"size": 3}', '{"size": 4}'}
         assert _open(base, {}).status_code == 201  # the operator's own set is never evicted
 
