@@ -109,3 +109,32 @@ def test_envs_share_one_browser(host):
         assert env.phone.state.route.app == "clock"
         env.close()
     assert host._browser is browser
+
+
+def test_the_phone_server_answers_only_its_own_pages(host):
+    """Found in review: page ids were p0, p1, ... with no Host check and no body cap, so any local process (or a page
+    rebinding a name to 127.0.0.1) could drive a running episode's phone."""
+    import socket
+
+    import httpx
+
+    env = GuiEnv(renderer="browser", shared=host, screenshots=False)
+    env.reset(seed=0)
+    try:
+        [page_id] = [p for p, phone in host.phones.items() if phone is env.phone]
+        port = host._server.server_address[1]
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/screen/{page_id}").status_code == 200  # the page Chromium loads
+        assert httpx.get(f"{base}/screen/{page_id.split('-')[0]}").status_code == 404  # a counted id is no id
+        rebound = httpx.get(f"{base}/screen/{page_id}", headers={"Host": f"attacker.example:{port}"})
+        assert rebound.status_code == 404
+        before = env.phone.version
+        event = {"type": "tap", "key": "home:clock"}
+        assert httpx.post(f"{base}/event/{page_id}", json=event, headers={"Host": "evil:1"}).status_code == 404
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:  # a body it must not wait for
+            sock.sendall(f"POST /event/{page_id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                         f"Content-Length: {10**9}\r\n\r\n{{}}".encode())
+            assert sock.recv(64).startswith(b"HTTP/1.0 413")
+        assert env.phone.version == before
+    finally:
+        env.close()

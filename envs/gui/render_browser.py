@@ -19,6 +19,7 @@ import io
 import itertools
 import json
 import os
+import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -113,6 +114,10 @@ def screen_html(screen: Screen, page_id: str) -> str:
     )
 
 
+_MAX_EVENT_BYTES = 64 * 1024
+"""The largest input event body the phone server reads (an event is a few dozen bytes)."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     """Serves the phone pages and takes their input events.
 
@@ -137,7 +142,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _foreign(self) -> bool:
+        """Refuse (404) a request whose Host is not this server's own address.
+
+        A page elsewhere that resolves its name to 127.0.0.1 (DNS rebinding) then cannot reach the phones.
+        """
+        if self.headers.get("Host") == f"127.0.0.1:{self.server.server_address[1]}":
+            return False
+        self.send_error(404)
+        return True
+
     def do_GET(self) -> None:  # noqa: D102, N802
+        if self._foreign():
+            return
         path, _, query = self.path.partition("?")
         kind, _, page_id = path.strip("/").partition("/")
         phone = self.host.phones.get(page_id)
@@ -154,11 +171,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_html(_body_html(phone.screen()), version)
 
     def do_POST(self) -> None:  # noqa: D102, N802
+        if self._foreign():
+            return
         phone = self.host.phones.get(self.path.removeprefix("/event/"))
-        length = int(self.headers.get("Content-Length") or 0)
+        length = self.headers.get("Content-Length") or "0"
+        if not (length.isascii() and length.isdigit() and int(length) <= _MAX_EVENT_BYTES):
+            self.send_error(413)  # an input event is a few dozen bytes
+            return
         try:
-            event = json.loads(self.rfile.read(length) or b"{}")
-        except json.JSONDecodeError:
+            event = json.loads(self.rfile.read(int(length)) or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
             event = {}
         if phone is None or not isinstance(event, dict):
             self.send_error(404)
@@ -246,7 +268,9 @@ class BrowserHost(SharedResource):
         """A new browser page showing `phone`; returns (page, url, page_id)."""
         with self._lock:
             self._start()
-            page_id = f"p{next(self._ids)}"
+            # Unguessable: another local process that finds the port cannot drive (or read) a running episode's
+            # phone by counting page ids.
+            page_id = f"p{next(self._ids)}-{secrets.token_urlsafe(16)}"
         self.phones[page_id] = phone
         page = self._browser.new_page(viewport={"width": WIDTH, "height": HEIGHT}, device_scale_factor=1)
         page.set_default_timeout(15_000)
