@@ -387,6 +387,19 @@ def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+def _not_json(request: Request) -> Response | None:
+    """A 415 unless the request says its body is JSON.
+
+    A web page may send a "simple" POST (text/plain, form data) to any address without a CORS preflight; requiring
+    ``Content-Type: application/json`` (every OpenAI client sends it) keeps such pages from spending the policy.
+    """
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        return None
+    return _error(ApiError(f"the body must be JSON sent with Content-Type: application/json, got "
+                           f"{kind[:80] or 'no Content-Type'!r}", status=415, code="unsupported_media_type"))
+
+
 def _answer(policy: PolicyServer, kind: str, raw: bytes, session: str | None) -> Response:
     """One POST, start to end (on a worker thread): body -> checked request -> sampled, recorded -> response."""
     try:
@@ -440,10 +453,14 @@ def build_app(policy: PolicyServer, *, threads: int = 64) -> FastAPI:
         return _json(policy.models())
 
     async def chat(request: Request) -> Any:
+        if (refused := _not_json(request)) is not None:
+            return refused
         raw = await request.body()
         return await off_loop(_answer, policy, "chat", raw, session_of(request))
 
     async def completions(request: Request) -> Any:
+        if (refused := _not_json(request)) is not None:
+            return refused
         raw = await request.body()
         return await off_loop(_answer, policy, "completion", raw, session_of(request))
 
