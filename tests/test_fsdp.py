@@ -73,7 +73,7 @@ def test_one_and_two_fsdp_workers_give_the_single_process_update(local_ray, tmp_
             if workers == 1:  # a checkpoint before any update (a run whose first steps trained nothing) changes nothing
                 backend.save(tmp_path / "before_any_update")
             else:  # nor does a resume from it (resharded to 2 workers): the next update is still the first
-                backend.load(str(tmp_path / "before_any_update"), weights_only=False)
+                backend.load(tmp_path / "before_any_update", weights_only=False)
             norms, weights = _two_updates(backend)
         finally:
             backend.close()

@@ -189,7 +189,7 @@ def test_raw_bad_bodies_and_routes(real):
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
     # A web page's "simple" POST (no CORS preflight) is not JSON: refused before the policy runs (found in review).
     for kind in ("text/plain", "application/x-www-form-urlencoded", None):
-        plain = httpx.post(f"{running.url}/v1/chat/completions", headers={"Content-Type": kind} if kind else {},
+        plain = httpx.post(f"{running.url}/chat/completions", headers={"Content-Type": kind} if kind else {},
                            content=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
         assert plain.status_code == 415 and "Content-Type: application/json" in plain.json()["error"]["message"], kind
     missing = httpx.post(f"{running.url}/embeddings", json={})
