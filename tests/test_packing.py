@@ -117,8 +117,14 @@ def test_packed_logprobs_entropy_and_gradients_equal_the_padded_pass(family):
     assert (results[True][0][mb.loss_mask == 0] == 0).all()
 
 
-def _assert_packed_equals_padded(model, samples) -> None:
-    """The packed pass's log-probs, entropies and gradients (of 0.7 logp + 0.3 entropy) equal the padded pass's."""
+@pytest.mark.parametrize("waste", [0.0, 100.0], ids=["per-segment", "one-padded-batch"])
+def test_both_packed_attention_layouts_equal_the_padded_pass(monkeypatch, waste):
+    """Segments attend one call each, or as one right-padded batch (similar lengths): both equal the padded pass."""
+    import agentrl.training.packing as packing
+
+    monkeypatch.setattr(packing, "BATCH_SEGMENTS_WASTE", waste)
+    model = _config_model("llama")
+    samples = _samples(lengths=(31, 17, 40, 3, 26))
     results = {}
     for packed in (False, True):
         model.zero_grad()
@@ -128,92 +134,6 @@ def _assert_packed_equals_padded(model, samples) -> None:
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-5, atol=1e-6)
     _assert_grads_close(results[True][2], results[False][2])
-
-
-@pytest.mark.parametrize("waste", [0.0, 100.0], ids=["per-segment", "one-padded-batch"])
-def test_both_packed_attention_layouts_equal_the_padded_pass(monkeypatch, waste):
-    """Segments attend one call each, or as one right-padded batch (similar lengths): both equal the padded pass."""
-    import agentrl.training.packing as packing
-
-    monkeypatch.setattr(packing, "BATCH_SEGMENTS_WASTE", waste)
-    _assert_packed_equals_padded(_config_model("llama"), _samples(lengths=(31, 17, 40, 3, 26)))
-
-
-SIMILAR = (30, 22, 40, 35, 18)  # one row of different lengths close enough to attend as one padded batch
-
-
-def _count_matmul_attention(monkeypatch, max_len: int) -> list:
-    """Turn the matmul attention on up to `max_len` tokens; the list of query shapes it is called with."""
-    import agentrl.training.packing as packing
-
-    calls = []
-    real = packing._matmul_attention
-    monkeypatch.setattr(packing, "MATMUL_ATTENTION_MAX_LEN", max_len)
-    monkeypatch.setattr(packing, "_matmul_attention", lambda q, *rest: calls.append(tuple(q.shape)) or real(q, *rest))
-    return calls
-
-
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_matmul_attention_of_batched_segments_equals_the_padded_pass(monkeypatch, family):
-    """Short batched segments attending by explicit matmuls (4 query heads on 2 kv heads) equal the padded pass."""
-    calls = _count_matmul_attention(monkeypatch, 64)
-    _assert_packed_equals_padded(_config_model(family), _samples(lengths=SIMILAR))
-    assert calls == [(len(SIMILAR), 4, max(SIMILAR), 8)] * 2  # each layer's forward, packed pass only
-
-
-def test_matmul_attention_on_the_tiny_qwen3_equals_the_padded_update(monkeypatch, tiny_qwen3):
-    calls = _count_matmul_attention(monkeypatch, 256)
-    passes = MicroBatchPasses(copy.deepcopy(tiny_qwen3.model).train())
-    samples = _samples(lengths=SIMILAR, vocab=150_000)
-    _assert_same_update(_update(passes, samples, packed=False), _update(passes, samples, packed=True))
-    assert calls and all(shape[:2] == (len(SIMILAR), 4) for shape in calls)
-
-
-def test_a_segment_longer_than_the_matmul_bound_attends_by_sdpa(monkeypatch):
-    model = _config_model("qwen3").eval()
-    mb = collate(_samples(lengths=SIMILAR), 0, packed=True)
-    logp = {}
-    for bound in (max(SIMILAR) - 1, max(SIMILAR)):
-        calls = _count_matmul_attention(monkeypatch, bound)
-        with torch.no_grad():
-            logp[bound], _ = token_logprobs(model, mb)
-        assert bool(calls) == (bound == max(SIMILAR))
-    torch.testing.assert_close(logp[max(SIMILAR)], logp[max(SIMILAR) - 1], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matmul_attention_matches_sdpa_with_grouped_heads(dtype):
-    """SmolLM2's heads (9 on 3 kv heads, d 64): SDPA's values and gradients in float32; in bfloat16 the input dtype
-    back and no further from a float64 reference than SDPA's CPU kernel (both compute in float32 inside)."""
-    from transformers.integrations.sdpa_attention import repeat_kv
-
-    from agentrl.training.packing import _matmul_attention
-
-    g = torch.Generator().manual_seed(0)
-    # Inputs and output gradient representable in `dtype`, so a float64 pass over them is the exact answer.
-    q, k, v = (torch.randn(3, h, 20, 64, generator=g).to(dtype).double() * 2 for h in (9, 3, 3))
-    grad = torch.randn(3, 20, 9, 64, generator=g).to(dtype).double()
-
-    def run(fn, dt):
-        x = [t.to(dt).requires_grad_() for t in (q, k, v)]
-        out = fn(*x)
-        out.backward(grad.to(dt))
-        return [t.double() for t in (out, *(t.grad for t in x))]
-
-    def sdpa(q, k, v):
-        out = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), is_causal=True)
-        return out.transpose(1, 2)  # [n, T, heads, d]
-
-    mine = run(lambda q, k, v: _matmul_attention(q, k, v, None), dtype)
-    theirs = run(sdpa, dtype)
-    assert mine[0].shape == (3, 20, 9, 64)
-    if dtype == torch.float32:
-        for a, b in zip(mine, theirs):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        return
-    for a, b, ref in zip(mine, theirs, run(sdpa, torch.float64)):
-        assert (a - ref).norm() <= (b - ref).norm() * 1.05
-    assert _matmul_attention(*(t.to(dtype) for t in (q, k, v)), None).dtype == dtype
 
 
 def test_packed_loss_and_gradients_on_the_tiny_qwen3_with_its_real_vocabulary(tiny_qwen3):

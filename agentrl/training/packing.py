@@ -11,8 +11,6 @@ CPU's default), we register an attention function, ``sdpa_packed``, through tran
 * with ``cu_seq_lens_q`` in its arguments it runs `scaled_dot_product_attention(is_causal=True)` on each sample's
   segment of the row: the fused kernel, no `[heads, L, L]` mask built or saved for the backward, and the same
   arithmetic per sample as a row of its own (values and gradients equal the padded path within float32 rounding);
-  segments of similar length attend as one right-padded batch, and short ones on a CPU may attend by explicit
-  matmuls instead of SDPA's CPU kernel (`MATMUL_ATTENTION_MAX_LEN`, off by default);
 * without, it is transformers' own SDPA function (and its mask function is SDPA's), so generation, the HF engine
   sampling from the same module and any other caller see no difference.
 
@@ -102,11 +100,8 @@ def _packed_sdpa(module: torch.nn.Module, query: Tensor, key: Tensor, value: Ten
         index, valid = _segment_grid(lengths, query.device)  # [n, Tmax]
         def rows(x):
             return x[0][:, index].transpose(0, 1)  # [1, h, L, d] -> [n, h, Tmax, d]
-        if _matmul_attention_fits(query, max(lengths), dropout, kwargs):
-            out = _matmul_attention(rows(query), rows(key), rows(value), scaling)  # [n, Tmax, heads, d]
-        else:
-            out = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None, dropout=dropout,
-                                         scaling=scaling, is_causal=True, **kwargs)[0]  # [n, Tmax, heads, d]
+        out = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None, dropout=dropout,
+                                     scaling=scaling, is_causal=True, **kwargs)[0]  # [n, Tmax, heads, d]
         return out[valid][None], None  # [1, L, heads, d]: valid positions in row order are the packed order
     parts = [sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
                                     dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
@@ -118,61 +113,6 @@ BATCH_SEGMENTS_WASTE = 2.0
 """Attention runs the segments as one padded batch while that costs at most this many times the attention FLOPs of
 the segments alone (n x longest^2 against the sum of length^2); past it (one long sample among short ones), per
 segment."""
-
-MATMUL_ATTENTION_MAX_LEN = 0
-"""Segments batched on a CPU (see `BATCH_SEGMENTS_WASTE`) attend by explicit matmuls (`_matmul_attention`) instead
-of SDPA's CPU flash kernel while the longest is at most this many tokens; 0 turns that path off (the default).
-
-Why: the flash kernel pays a fixed cost per block of each sample and head, which short segments never amortise: at
-the main job's ~120-token samples it was 22% of the bfloat16 trainer pass, and explicit batched matmuls ran it 1.7x
-faster in isolation (`docs/results.md`, issue 39). Why a bound: the matmuls materialise the scores
-`[n, heads, Tmax, Tmax]` in float32 and keep the probabilities for the backward (4 n heads Tmax^2 bytes a layer; the
-memory plan does not count them), where the flash kernel keeps `[n, heads, Tmax]`; the waste bound keeps n Tmax^2
-within twice the segments' own sum of squared lengths. Set from `bench/micro/packed_attention.py`, which switches it
-per measurement."""
-
-
-def _matmul_attention_fits(query: Tensor, longest: int, dropout: float, kwargs: dict) -> bool:
-    """Whether batched segments of at most `longest` tokens attend by `_matmul_attention`.
-
-    On a CPU, within `MATMUL_ATTENTION_MAX_LEN`, and only for what it computes exactly as SDPA does: no dropout, no
-    position bias (SDPA's path runs those), no autocast (it would run the float32 products in bfloat16).
-    """
-    return (longest <= MATMUL_ATTENTION_MAX_LEN and query.device.type == "cpu" and not dropout
-            and kwargs.get("position_bias") is None and not torch.is_autocast_enabled("cpu"))
-
-
-def _matmul_attention(query: Tensor, key: Tensor, value: Tensor, scaling: float | None) -> Tensor:
-    """Causal attention over right-padded segments by explicit matmuls, `[n, Tmax, heads, d]` as SDPA's path returns.
-
-    Args:
-        query: `[n, heads, Tmax, d]`, each row a segment padded at its right.
-        key: `[n, kv_heads, Tmax, d]`; grouped-query attention when kv_heads < heads: query head j reads kv head
-            ``j // (heads / kv_heads)``, the pairing of transformers' `repeat_kv` and SDPA's ``enable_gqa``.
-        value: `[n, kv_heads, Tmax, d]`.
-        scaling: the softmax scale (None: 1 / sqrt(d)).
-
-    Causal within each row is all the masking needed: a real query (t < its length) sees only keys up to t, all
-    real; the padded queries also see padding, and their outputs are dropped (their gradients are zero).
-    """
-    n, heads, T, d = query.shape
-    kv = key.shape[1]
-    group = heads // kv
-    scale = scaling if scaling is not None else d**-0.5
-    # Precision: SDPA's reference (the math backend) computes a bfloat16 or float16 attention on a CPU in float32:
-    # inputs upcast, products, softmax and weighted sum in float32, one rounding to the input dtype at the end. So
-    # does this. Against a float64 reference on bfloat16 inputs (32 x 128 tokens, SmolLM2's heads) its output and
-    # gradients erred 1.6-2.4e-3 (relative norm), the flash kernel it replaces 1.7-5.8e-3; products in bfloat16
-    # with only the softmax in float32 (transformers' eager attention) erred 0.7-1.4e-2, worse than today's path.
-    # The query heads that share a kv head are stacked along the rows, so keys and values are never repeated.
-    q = query.reshape(n, kv, group * T, d).float()  # [n, kv, group x Tmax, d] (reshape first: one copy, not two)
-    k, v = key.float(), value.float()  # [n, kv, Tmax, d]
-    scores = q @ k.transpose(-1, -2)  # [n, kv, group x Tmax, Tmax]
-    scores.mul_(scale)  # in place: the matmul's backward needs q and k, not its output
-    future = torch.ones(T, T, dtype=torch.bool, device=query.device).triu(1)  # [Tmax, Tmax]: key after query
-    scores.masked_fill_(future.repeat(group, 1), float("-inf"))  # every row keeps its diagonal: no row is all -inf
-    out = (scores.softmax(-1) @ v).view(n, heads, T, d)  # [n, heads, Tmax, d]
-    return out.transpose(1, 2).to(query.dtype)  # [n, Tmax, heads, d]
 
 
 def _segment_grid(lengths: list[int], device) -> tuple[Tensor, Tensor]:
