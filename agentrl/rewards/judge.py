@@ -299,7 +299,8 @@ class JudgeReward:
                 attempts = attempt + 1
                 try:
                     if attempt:
-                        self._refuse_if_spent_or_closed()  # before the wait: a retry that cannot call is not one
+                        with self._lock:  # before the wait: a retry that cannot call is not one
+                            self._refuse_if_spent_or_closed()
                         self._count(retries=1)
                         self.sleep(self.cfg.backoff * 2 ** (attempt - 1))
                     return self._call(key, prompt)
@@ -325,7 +326,7 @@ class JudgeReward:
         """One HTTP call: its budget, the request, the parse; the call (and its score) go to the on-disk cache."""
         cfg = self.cfg
         with self._lock:
-            self._refuse_if_spent_or_closed(locked=True)
+            self._refuse_if_spent_or_closed()
             self._spent_calls += 1
             self._counts = _plus(self._counts, calls=1)
         t0 = time.perf_counter()
@@ -391,11 +392,8 @@ class JudgeReward:
 
     # -- cache ---------------------------------------------------------------------------------------------------
 
-    def _refuse_if_spent_or_closed(self, locked: bool = False) -> None:
-        """Raise `JudgeFailure` ``closed`` or ``over_budget`` when no call may be made now."""
-        if not locked:
-            with self._lock:
-                return self._refuse_if_spent_or_closed(locked=True)
+    def _refuse_if_spent_or_closed(self) -> None:
+        """Raise `JudgeFailure` ``closed`` or ``over_budget`` when no call may be made now (call with the lock held)."""
         cfg = self.cfg
         if self._closed:
             raise JudgeFailure("closed", "the judge was closed (the run is ending)", retry=False)
